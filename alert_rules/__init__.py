@@ -1,0 +1,1 @@
+"""Alert and recording rules as code, their Prometheus/Alertmanager renderings, and an embedded evaluator."""

@@ -1,0 +1,1 @@
+"""Grafana dashboards written with grafanalib, built to JSON with provisioning files."""

@@ -1,0 +1,1 @@
+"""Structured per-request records, sampling and crash-safe zstd archives searchable by trace_id."""

@@ -1,0 +1,51 @@
+"""The ``inferwatch`` command line: thin wrappers that build settings and call one service each."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from exporters.errors import ConfigError, InferwatchError
+
+COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs")
+
+EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad usage or configuration.
+Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="inferwatch",
+        description="Observability and SLO alerting for vLLM: a measuring proxy, exporters, "
+        "alert rules, dashboards and request logs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"serving.commands.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        print(f"inferwatch: configuration error: {err}", file=sys.stderr)
+        return 2
+    except InferwatchError as err:
+        print(f"inferwatch: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the ``inferwatch`` CLI; each module has ``register(subparsers)``."""

@@ -1,0 +1,199 @@
+"""One settings object for the sidecar: a TOML file, then CLI flags, validated section by section."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from alert_rules.config import RulesConfig
+from dashboards.config import DashboardConfig
+from exporters.config import GpuConfig, ProcessConfig, ScrapeConfig
+from exporters.configuring import FieldDoc, field_docs, from_mapping, increasing, positive, setting
+from exporters.errors import ConfigError
+from log_pipeline.config import LogConfig
+
+
+def _http_url(value: Any) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+    return None
+
+
+def _host_port(value: Any) -> str | None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return "must be HOST:PORT, e.g. 127.0.0.1:9100"
+    return None
+
+
+def _optional_url(value: Any) -> str | None:
+    return None if value == "" else _http_url(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Section ``[serve]``: the proxy."""
+
+    upstream: str = setting("http://127.0.0.1:8000", "Base URL of the vLLM OpenAI server.", check=_http_url)
+    listen: str = setting("127.0.0.1:9100", "HOST:PORT the sidecar listens on.", check=_host_port)
+    connect_timeout_s: float = setting(
+        5.0, "Seconds to wait for a TCP connection to the upstream.", check=positive
+    )
+    read_timeout_s: float = setting(
+        300.0, "Seconds the upstream may stay silent (before the status line or between chunks).",
+        check=positive,
+    )
+    max_body_bytes: int = setting(
+        32 * 1024 * 1024, "Largest request body accepted from a client, in bytes.", check=positive
+    )
+    length_bucket_edges: list[int] = setting(
+        [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing
+    )
+    readiness_path: str = setting("/health", "Upstream path that answers 200 when vLLM is ready.")
+    readiness_interval_s: float = setting(
+        5.0, "Seconds between readiness probes of the upstream.", check=positive
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    """Section ``[tracing]``: OpenTelemetry spans of the sidecar."""
+
+    otlp_endpoint: str = setting(
+        "", "OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces; empty = export nothing.",
+        check=_optional_url,
+    )
+    service_name: str = setting("inferwatch", "service.name resource attribute of the sidecar's spans.")
+
+
+SECTIONS: dict[str, type] = {
+    "serve": ServeConfig,
+    "tracing": TracingConfig,
+    "scrape": ScrapeConfig,
+    "gpu": GpuConfig,
+    "upstream_process": ProcessConfig,
+    "logs": LogConfig,
+    "rules": RulesConfig,
+    "dashboards": DashboardConfig,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every section of the configuration, validated."""
+
+    serve: ServeConfig
+    tracing: TracingConfig
+    scrape: ScrapeConfig
+    gpu: GpuConfig
+    upstream_process: ProcessConfig
+    logs: LogConfig
+    rules: RulesConfig
+    dashboards: DashboardConfig
+
+
+def all_field_docs() -> list[FieldDoc]:
+    """Documentation of every configuration key, section by section."""
+    return [doc for section, cls in SECTIONS.items() for doc in field_docs(cls, section)]
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file; a missing or malformed file is a ConfigError."""
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as err:
+        raise ConfigError("--config", "file not found", str(path)) from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("--config", f"is not valid TOML: {err}", str(path)) from err
+
+
+def build_settings(data: dict[str, Any] | None = None) -> Settings:
+    """Validate a nested mapping (as read from TOML) into :class:`Settings`."""
+    data = dict(data or {})
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(unknown[0], f"is not a known section; known sections: {', '.join(SECTIONS)}")
+    sections = {}
+    for name, cls in SECTIONS.items():
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(name, "must be a table", table)
+        sections[name] = from_mapping(cls, table, name)
+    return Settings(**sections)
+
+
+def _parse_flag_value(doc: FieldDoc, raw: str) -> Any:
+    """Parse a flag's text as a TOML value; fall back to the raw string or a comma list."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    if doc.type_name.startswith("list of"):
+        items = [item.strip() for item in raw.split(",") if item.strip()]
+        parsed: list[Any] = []
+        for item in items:
+            try:
+                parsed.append(tomllib.loads(f"v = {item}")["v"])
+            except tomllib.TOMLDecodeError:
+                parsed.append(item)
+        return parsed
+    return raw
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one ``--SECTION-KEY`` flag per configuration key."""
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file (see the README).")
+    group = parser.add_argument_group("configuration keys (each overrides the TOML file)")
+    for doc in all_field_docs():
+        group.add_argument(
+            doc.flag, dest=f"cfg:{doc.key}", metavar="VALUE", default=None,
+            help=f"{doc.doc} [{doc.key}, {doc.type_name}, default {doc.default!r}]",
+        )
+
+
+def settings_from_args(args: argparse.Namespace, shortcuts: dict[str, str] | None = None) -> Settings:
+    """Merge the TOML file named by ``--config`` with the flags given on the command line.
+
+    ``shortcuts`` maps argparse destinations (e.g. ``upstream``) to dotted keys (``serve.upstream``).
+    """
+    data: dict[str, Any] = read_toml(args.config) if getattr(args, "config", None) else {}
+    docs = {doc.key: doc for doc in all_field_docs()}
+    overrides: dict[str, str] = {}
+    for dest, value in vars(args).items():
+        if dest.startswith("cfg:") and value is not None:
+            overrides[dest[4:]] = value
+    for dest, key in (shortcuts or {}).items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            overrides[key] = value
+    for key, raw in overrides.items():
+        section, name = key.split(".", 1)
+        table = data.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(section, "must be a table", table)
+        table[name] = _parse_flag_value(docs[key], raw) if isinstance(raw, str) else raw
+    return build_settings(data)
+
+
+def defaults() -> Settings:
+    """Settings with every default."""
+    return build_settings({})
+
+
+def replace(settings: Settings, section: str, **changes: Any) -> Settings:
+    """Return settings with some keys of one section changed (for tests and tools)."""
+    current = getattr(settings, section)
+    return dataclasses.replace(settings, **{section: dataclasses.replace(current, **changes)})
+
+
+__all__ = [
+    "SECTIONS", "ServeConfig", "Settings", "TracingConfig", "add_config_flags", "all_field_docs",
+    "build_settings", "defaults", "read_toml", "replace", "settings_from_args",
+]
