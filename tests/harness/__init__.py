@@ -1,0 +1,1 @@
+"""Real-server test harness: tiny model builder, server launchers, OTLP receiver."""

