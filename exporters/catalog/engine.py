@@ -1,0 +1,170 @@
+"""Engine signals the sidecar derives from the upstream's ``/metrics`` and its own in-flight table.
+
+The same names mean the same on every vLLM generation (V0, V1 ≤ 0.11, 0.3x): the parser maps each
+generation's families onto one view and data-parallel engines are summed where a sum is meaningful.
+Every help text states the formula. "vLLM family" below means the family of
+``exporters.catalog.vllm`` with that name (or its alias in older generations).
+"""
+
+from __future__ import annotations
+
+from exporters import buckets
+from exporters.catalog.spec import MetricSpec, MetricType
+
+M = ("model_name",)
+G, C, H = MetricType.GAUGE, MetricType.COUNTER, MetricType.HISTOGRAM
+
+ENGINE_INFO = MetricSpec(
+    "inferwatch_engine_info", G,
+    "Value 1; generation = the vLLM metrics generation detected from the families present "
+    "(v0: num_requests_swapped or gpu_cache_usage_perc; v1: kv_cache_usage_perc without an engine "
+    "label; v1_engine: with one); engines = number of data-parallel engines seen.",
+    ("model_name", "generation", "engines"),
+)
+ENGINE_REQUESTS = MetricSpec(
+    "inferwatch_engine_requests", G,
+    "Requests inside the engine by state: running = sum over engines of vllm:num_requests_running; "
+    "waiting = sum of vllm:num_requests_waiting; swapped = sum of vllm:num_requests_swapped (V0 only; "
+    "absent on V1, which preempts by recomputation and never swaps).",
+    ("model_name", "state"), "requests",
+)
+ENGINE_PREEMPTIONS = MetricSpec(
+    "inferwatch_engine_preemptions", C,
+    "Preemptions of running requests: sum over engines of vLLM's vllm:num_preemptions_total "
+    "(V0: swap-out or recompute; V1: recompute). Pair with inferwatch_engine_requests{state=\"swapped\"}.",
+    M, "preemptions",
+)
+ENGINE_PREFILL_SECONDS = MetricSpec(
+    "inferwatch_engine_prefill_seconds", C,
+    "Seconds finished requests spent in prefill: sum over engines of vllm:request_prefill_time_seconds_sum.",
+    M, "seconds",
+)
+ENGINE_DECODE_SECONDS = MetricSpec(
+    "inferwatch_engine_decode_seconds", C,
+    "Seconds finished requests spent in decode: sum over engines of vllm:request_decode_time_seconds_sum.",
+    M, "seconds",
+)
+ENGINE_PREFILL_SHARE = MetricSpec(
+    "inferwatch_engine_prefill_share_ratio", G,
+    "Share of request time in prefill since the engine started: prefill_seconds / (prefill_seconds + "
+    "decode_seconds), from vLLM's prefill and decode time histograms; absent before any request finished.",
+    M, "ratio",
+)
+ENGINE_DECODE_SHARE = MetricSpec(
+    "inferwatch_engine_decode_share_ratio", G,
+    "Share of request time in decode since the engine started: decode_seconds / (prefill_seconds + "
+    "decode_seconds) = 1 - prefill share; absent before any request finished.",
+    M, "ratio",
+)
+ENGINE_PREFIX_CACHE_HIT_RATIO = MetricSpec(
+    "inferwatch_engine_prefix_cache_hit_ratio", G,
+    "Prefix-cache hit ratio since the engine started: sum(vllm:prefix_cache_hits_total) / "
+    "sum(vllm:prefix_cache_queries_total) over engines (tokens); V0: vllm:gpu_prefix_cache_hit_rate. "
+    "Absent before the first query.",
+    M, "ratio",
+)
+ENGINE_STEP_TOKENS = MetricSpec(
+    "inferwatch_engine_step_tokens", H,
+    "Batch size in tokens: tokens per engine step (computed prompt plus generated), vLLM's "
+    "vllm:iteration_tokens_total histogram summed over engines, bucket for bucket.",
+    M, "tokens", buckets.ITERATION_TOKENS,
+)
+ENGINE_BATCH_REQUESTS = MetricSpec(
+    "inferwatch_engine_batch_requests", H,
+    "Batch size in requests: one observation of sum(vllm:num_requests_running) per successful scrape "
+    "of the upstream (a sample every scrape.interval_s, not every engine step).",
+    M, "requests", (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+)
+ENGINE_GENERATION_TOKENS = MetricSpec(
+    "inferwatch_engine_generation_tokens", C,
+    "Output tokens generated: sum over engines of vllm:generation_tokens_total (the numerator of tokens "
+    "per joule).",
+    M, "tokens",
+)
+
+KV_USAGE = MetricSpec(
+    "inferwatch_kv_cache_usage_ratio", G,
+    "Fraction of GPU KV-cache blocks in use: vllm:kv_cache_usage_perc (V0: vllm:gpu_cache_usage_perc), "
+    "averaged over engines weighted by each engine's blocks (plain mean when block counts are unknown).",
+    M, "ratio",
+)
+KV_BLOCKS_TOTAL = MetricSpec(
+    "inferwatch_kv_cache_blocks", G,
+    "KV-cache blocks allocated on the GPU: sum over engines of the num_gpu_blocks label of "
+    "vllm:cache_config_info (the --num-gpu-blocks-override when given).",
+    M, "blocks",
+)
+KV_BLOCKS_USED = MetricSpec(
+    "inferwatch_kv_cache_blocks_used", G,
+    "KV-cache blocks in use: sum over engines of usage x num_gpu_blocks (vllm:kv_cache_usage_perc x "
+    "the num_gpu_blocks label of vllm:cache_config_info).",
+    M, "blocks",
+)
+KV_BLOCK_SIZE = MetricSpec(
+    "inferwatch_kv_cache_block_size_tokens", G,
+    "Tokens per KV-cache block: the block_size label of vllm:cache_config_info.",
+    M, "tokens",
+)
+KV_CAPACITY_TOKENS = MetricSpec(
+    "inferwatch_kv_cache_capacity_tokens", G,
+    "Tokens the GPU KV cache can hold: sum over engines of num_gpu_blocks x block_size.",
+    M, "tokens",
+)
+KV_INFLIGHT_TOKENS = MetricSpec(
+    "inferwatch_kv_cache_inflight_tokens", G,
+    "Tokens held by requests in flight through the sidecar: sum of each request's prompt plus generated "
+    "tokens so far (from streamed usage; a non-streaming request counts its prompt until it returns).",
+    M, "tokens",
+)
+KV_INFLIGHT_BLOCKS = MetricSpec(
+    "inferwatch_kv_cache_inflight_blocks", G,
+    "Estimated KV-cache blocks held by requests in flight: sum(ceil(tokens / block_size)).",
+    M, "blocks",
+)
+KV_FRAGMENTATION = MetricSpec(
+    "inferwatch_kv_cache_fragmentation_ratio", G,
+    "Estimated internal fragmentation of the KV blocks held by in-flight requests: "
+    "1 - sum(tokens) / sum(ceil(tokens / block_size) * block_size), over the sidecar's live token "
+    "counts. An estimate: it ignores blocks shared through the prefix cache, requests that bypass the "
+    "sidecar, and preempted requests whose blocks were freed. Absent with no request in flight.",
+    M, "ratio",
+)
+
+SCRAPE_UP = MetricSpec(
+    "inferwatch_upstream_scrape_up", G,
+    "1 when the last scrape of the upstream's /metrics returned 200 and parsed, else 0.", ("upstream",),
+)
+SCRAPE_DURATION = MetricSpec(
+    "inferwatch_upstream_scrape_duration_seconds", G,
+    "Seconds the last scrape of the upstream's /metrics took (fetch plus parse).", ("upstream",), "seconds",
+)
+SCRAPE_FAILURES = MetricSpec(
+    "inferwatch_upstream_scrape_failures", C,
+    "Scrapes of the upstream's /metrics that failed, by reason (timeout, connect, http_status, "
+    "parse, error).",
+    ("upstream", "reason"),
+)
+SCRAPE_PARSE_ERRORS = MetricSpec(
+    "inferwatch_upstream_scrape_parse_errors", C,
+    "Malformed lines or families skipped while parsing the upstream's /metrics (never fatal).",
+    ("upstream",), "errors",
+)
+SCRAPE_UNKNOWN_FAMILIES = MetricSpec(
+    "inferwatch_upstream_scrape_unknown_families", G,
+    "vllm: families in the last scrape that the catalog does not know (skipped; a sign of a new "
+    "vLLM version).",
+    ("upstream",), "families",
+)
+SCRAPE_LAST_SUCCESS = MetricSpec(
+    "inferwatch_upstream_scrape_last_success_timestamp_seconds", G,
+    "Unix time of the last successful scrape of the upstream's /metrics.", ("upstream",), "seconds",
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    ENGINE_INFO, ENGINE_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_PREFILL_SECONDS, ENGINE_DECODE_SECONDS,
+    ENGINE_PREFILL_SHARE, ENGINE_DECODE_SHARE, ENGINE_PREFIX_CACHE_HIT_RATIO, ENGINE_STEP_TOKENS,
+    ENGINE_BATCH_REQUESTS, ENGINE_GENERATION_TOKENS, KV_USAGE, KV_BLOCKS_TOTAL, KV_BLOCKS_USED,
+    KV_BLOCK_SIZE, KV_CAPACITY_TOKENS, KV_INFLIGHT_TOKENS, KV_INFLIGHT_BLOCKS, KV_FRAGMENTATION,
+    SCRAPE_UP, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_PARSE_ERRORS, SCRAPE_UNKNOWN_FAMILIES,
+    SCRAPE_LAST_SUCCESS,
+)
