@@ -9,6 +9,7 @@ The same field metadata drives the CLI flags and the README's configuration refe
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -61,7 +62,7 @@ def increasing(value: Any) -> str | None:
     """Validator: a non-empty, strictly increasing list of positive numbers."""
     if not value:
         return "must not be empty"
-    if any(b <= a for a, b in zip(value, value[1:], strict=False)) or value[0] <= 0:
+    if any(b <= a for a, b in itertools.pairwise(value)) or value[0] <= 0:
         return "must be positive and strictly increasing"
     return None
 

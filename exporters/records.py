@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 from dataclasses import dataclass, field
 
 DEFAULT_LENGTH_EDGES: tuple[int, ...] = (512, 2048, 8192, 32768)
@@ -32,7 +33,7 @@ def _format_tokens(n: int) -> str:
 def length_bucket_labels(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> tuple[str, ...]:
     """Labels of the prompt length buckets, e.g. ``le512``, ``512-2k``, ..., ``gt32k``."""
     labels = [f"le{_format_tokens(edges[0])}"]
-    labels += [f"{_format_tokens(a)}-{_format_tokens(b)}" for a, b in zip(edges, edges[1:], strict=False)]
+    labels += [f"{_format_tokens(a)}-{_format_tokens(b)}" for a, b in itertools.pairwise(edges)]
     labels.append(f"gt{_format_tokens(edges[-1])}")
     return tuple(labels)
 

@@ -154,7 +154,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for doc in all_field_docs():
         group.add_argument(
             doc.flag, dest=f"cfg:{doc.key}", metavar="VALUE", default=None,
-            help=f"{doc.doc} [{doc.key}, {doc.type_name}, default {doc.default!r}]",
+            help=f"{doc.doc} [{doc.key}, {doc.type_name}, default {doc.default!r}]".replace("%", "%%"),
         )
 
 

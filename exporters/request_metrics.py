@@ -1,0 +1,74 @@
+"""The sidecar's per-request instruments, built from the catalog on a given registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from exporters.catalog import request as cat
+from exporters.catalog.spec import MetricSpec
+from exporters.records import RequestRecord, length_bucket_labels
+
+
+def _histogram(spec: MetricSpec, registry: CollectorRegistry) -> Histogram:
+    return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets or ())
+
+
+def _counter(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
+    return Counter(spec.name, spec.help, spec.labels, registry=registry)
+
+
+class RequestMetrics:
+    """Counters and histograms observed once per request, at its end; latencies carry a trace_id exemplar."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = _counter(cat.REQUESTS, registry)
+        self.in_flight = Gauge(
+            cat.REQUESTS_IN_FLIGHT.name, cat.REQUESTS_IN_FLIGHT.help, cat.REQUESTS_IN_FLIGHT.labels,
+            registry=registry,
+        )
+        self.accept = _histogram(cat.UPSTREAM_ACCEPT_SECONDS, registry)
+        self.ttft = _histogram(cat.TIME_TO_FIRST_TOKEN_SECONDS, registry)
+        self.itl = _histogram(cat.INTER_TOKEN_LATENCY_SECONDS, registry)
+        self.e2e = _histogram(cat.E2E_LATENCY_SECONDS, registry)
+        self.prompt_tokens = _counter(cat.PROMPT_TOKENS, registry)
+        self.completion_tokens = _counter(cat.COMPLETION_TOKENS, registry)
+        self.prompt_tokens_hist = _histogram(cat.REQUEST_PROMPT_TOKENS, registry)
+        self.completion_tokens_hist = _histogram(cat.REQUEST_COMPLETION_TOKENS, registry)
+        self.finish_reasons = _counter(cat.FINISH_REASONS, registry)
+        self.prefill_share = _histogram(cat.PREFILL_SHARE_RATIO, registry)
+        self.upstream_ready = Gauge(
+            cat.UPSTREAM_READY.name, cat.UPSTREAM_READY.help, cat.UPSTREAM_READY.labels, registry=registry
+        )
+
+    def precreate(self, model: str, route: str, edges: tuple[int, ...]) -> None:
+        """Create the zero-valued request counters of a model and route, so rates exist before any error."""
+        for bucket in (*length_bucket_labels(edges), "unknown"):
+            for outcome in ("ok", "client_error", "upstream_error", "timeout", "cancelled", "overloaded"):
+                self.requests.labels(model, route, outcome, bucket)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Record one finished request."""
+        exemplar = {"trace_id": record.trace_id}
+        model, route, bucket = record.model, record.route, record.length_bucket
+        self.requests.labels(model, route, record.outcome.value, bucket).inc()
+        if record.accept_s is not None:
+            self.accept.labels(model, route, bucket).observe(record.accept_s)
+        if record.ttft_s is not None:
+            self.ttft.labels(model, route, bucket).observe(record.ttft_s, exemplar)
+        if record.inter_token_s:
+            itl = self.itl.labels(model, route, bucket)
+            for gap in record.inter_token_s[:-1]:
+                itl.observe(gap)
+            itl.observe(record.inter_token_s[-1], exemplar)
+        if record.e2e_s is not None:
+            self.e2e.labels(model, route, record.outcome.value, bucket).observe(record.e2e_s, exemplar)
+            if record.stream and record.ttft_s is not None and record.e2e_s > 0:
+                self.prefill_share.labels(model).observe(min(record.ttft_s / record.e2e_s, 1.0))
+        if record.prompt_tokens is not None:
+            self.prompt_tokens.labels(model, route).inc(record.prompt_tokens)
+            self.prompt_tokens_hist.labels(model, route).observe(record.prompt_tokens)
+        if record.completion_tokens is not None:
+            self.completion_tokens.labels(model, route).inc(record.completion_tokens)
+            self.completion_tokens_hist.labels(model, route).observe(record.completion_tokens)
+        if record.finish_reason:
+            self.finish_reasons.labels(model, record.finish_reason).inc()

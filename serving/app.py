@@ -1,0 +1,97 @@
+"""The composition root: builds the aiohttp application from settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import structlog
+from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from opentelemetry.trace import Span
+from prometheus_client import CollectorRegistry
+
+from exporters.inflight import InFlightTokens
+from exporters.records import RequestRecord
+from exporters.request_metrics import RequestMetrics
+from serving.config import Settings
+from serving.endpoints import Readiness, healthz, metrics_handler
+from serving.proxy import GENERATION_ROUTES, Observer, Proxy
+from serving.tracing import Tracing
+
+log = structlog.get_logger(__name__)
+
+SETTINGS = web.AppKey("settings", Settings)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+TRACING = web.AppKey("tracing", Tracing)
+INFLIGHT = web.AppKey("inflight", InFlightTokens)
+METRICS = web.AppKey("request_metrics", RequestMetrics)
+READINESS = web.AppKey("readiness", Readiness)
+OBSERVERS = web.AppKey("observers", list)
+
+
+def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
+    """Build the sidecar application; background work starts when the app starts."""
+    app = web.Application(client_max_size=settings.serve.max_body_bytes)
+    registry = registry if registry is not None else CollectorRegistry()
+    app[SETTINGS] = settings
+    app[REGISTRY] = registry
+    app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
+    app[INFLIGHT] = InFlightTokens()
+    metrics = RequestMetrics(registry)
+    app[METRICS] = metrics
+
+    def observe_metrics(record: RequestRecord, _span: Span) -> None:
+        metrics.observe(record)
+
+    observers: list[Observer] = [observe_metrics]
+    app[OBSERVERS] = observers
+
+    def session() -> aiohttp.ClientSession:
+        return app[SESSION]
+
+    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT])
+    readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
+    app[READINESS] = readiness
+
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_readiness_job)
+    app.on_cleanup.append(_shutdown_tracing)
+
+    app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readiness.handle)
+    app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
+    return app
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    """One pooled client session for every upstream call."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+        app[SESSION] = session
+        yield
+
+
+async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
+    """Probe the upstream periodically so ``inferwatch_upstream_ready`` stays current."""
+    settings, readiness, metrics = app[SETTINGS], app[READINESS], app[METRICS]
+    gauge = metrics.upstream_ready.labels(settings.serve.upstream)
+    for route in sorted(GENERATION_ROUTES):
+        metrics.in_flight.labels("unknown", route)
+
+    async def probe() -> None:
+        gauge.set(1.0 if await readiness.probe() else 0.0)
+
+    scheduler = AsyncIOScheduler()
+    scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,
+                      id="readiness", max_instances=1, coalesce=True, next_run_time=None)
+    scheduler.start()
+    await probe()
+    yield
+    scheduler.shutdown(wait=False)
+
+
+async def _shutdown_tracing(app: web.Application) -> None:
+    app[TRACING].shutdown()

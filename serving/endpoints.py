@@ -1,0 +1,58 @@
+"""The sidecar's own endpoints: ``/metrics``, ``/healthz`` and ``/readyz``."""
+
+from __future__ import annotations
+
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+
+def metrics_handler(registry: CollectorRegistry) -> web.Handler:
+    """Prometheus text by default, OpenMetrics (with exemplars) when the scraper asks for it."""
+
+    async def handle(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        # Rendering is CPU-only and fast (a few ms); it reads snapshots, never does I/O.
+        body = encoder(registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    return handle
+
+
+async def healthz(_request: web.Request) -> web.Response:
+    """The process is alive and serving."""
+    return web.json_response({"status": "ok"})
+
+
+class Readiness:
+    """Probes the upstream's health endpoint; ``/readyz`` answers from a fresh probe."""
+
+    def __init__(self, upstream: str, path: str, session: object, timeout_s: float = 2.0) -> None:
+        self.url = upstream.rstrip("/") + path
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.last_ok: bool | None = None
+        self.last_error: str | None = None
+        self.last_probe_unix: float | None = None
+
+    async def probe(self) -> bool:
+        """GET the upstream health URL once; remember and return whether it answered 200."""
+        try:
+            async with self._session().get(self.url, timeout=self._timeout) as response:  # type: ignore[operator]
+                ok = response.status == 200
+                self.last_error = None if ok else f"upstream answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as err:
+            ok, self.last_error = False, f"upstream unreachable: {err.__class__.__name__}: {err}"
+        self.last_ok, self.last_probe_unix = ok, time.time()
+        return ok
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        """200 when the upstream is reachable and ready, else 503 with the reason."""
+        ok = await self.probe()
+        body = {"status": "ready" if ok else "not_ready", "upstream": self.url}
+        if not ok:
+            body["reason"] = self.last_error or "unknown"
+        return web.json_response(body, status=200 if ok else 503)
