@@ -82,6 +82,15 @@ GPU_PREFIX_CACHE_HIT_RATE = _vllm(
     "vllm:gpu_prefix_cache_hit_rate", G, "V0 only: GPU prefix-cache hit rate (0-1), a gauge.",
     ("model_name",), unit="ratio",
 )
+CPU_PREFIX_CACHE_HIT_RATE = _vllm(
+    "vllm:cpu_prefix_cache_hit_rate", G, "V0 only: CPU prefix-cache hit rate (0-1; -1 when unused), a gauge.",
+    ("model_name",), unit="ratio",
+)
+LORA_REQUESTS_INFO = _vllm(
+    "vllm:lora_requests_info", G,
+    "Only with LoRA enabled: value = Unix time of the update; adapters listed comma-separated in labels.",
+    ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
+)
 EXTERNAL_PREFIX_CACHE_QUERIES = _vllm(
     "vllm:external_prefix_cache_queries", C, "Prompt tokens queried through a KV connector's cache.",
     unit="tokens",
@@ -199,7 +208,8 @@ REQUEST_NUM_PREEMPTIONS = _vllm(
 SPECS: tuple[MetricSpec, ...] = (
     NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING, NUM_REQUESTS_WAITING_BY_REASON, NUM_REQUESTS_SWAPPED,
     ENGINE_SLEEP_STATE, KV_CACHE_USAGE_PERC, CPU_CACHE_USAGE_PERC, CACHE_CONFIG_INFO,
-    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, GPU_PREFIX_CACHE_HIT_RATE, EXTERNAL_PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, GPU_PREFIX_CACHE_HIT_RATE, CPU_PREFIX_CACHE_HIT_RATE,
+    LORA_REQUESTS_INFO, EXTERNAL_PREFIX_CACHE_QUERIES,
     EXTERNAL_PREFIX_CACHE_HITS, MM_CACHE_QUERIES, MM_CACHE_HITS, NUM_PREEMPTIONS, PROMPT_TOKENS,
     PROMPT_TOKENS_BY_SOURCE, PROMPT_TOKENS_CACHED, PROMPT_TOKENS_CACHED_BY_SOURCE, GENERATION_TOKENS,
     REQUEST_SUCCESS, ADMISSION_REJECTIONS, ESTIMATED_FLOPS_PER_GPU, ESTIMATED_READ_BYTES_PER_GPU,
@@ -209,9 +219,13 @@ SPECS: tuple[MetricSpec, ...] = (
     REQUEST_TIME_PER_OUTPUT_TOKEN, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, REQUEST_INFERENCE_TIME,
     REQUEST_PREFILL_TIME, REQUEST_DECODE_TIME, REQUEST_NUM_PREEMPTIONS,
 )
-"""Every vLLM family the sidecar knows: the 39 of 0.32 plus the V0-only swapped/CPU-cache/hit-rate gauges."""
+"""Every vLLM family the sidecar knows: the 39 of 0.32, the V0-only gauges and the LoRA info gauge."""
 
+_NOT_DEFAULT_IN_CURRENT = (
+    NUM_REQUESTS_SWAPPED, CPU_CACHE_USAGE_PERC, GPU_PREFIX_CACHE_HIT_RATE, CPU_PREFIX_CACHE_HIT_RATE,
+    LORA_REQUESTS_INFO,
+)
 CURRENT_FAMILIES: tuple[MetricSpec, ...] = tuple(
-    s for s in SPECS if s not in (NUM_REQUESTS_SWAPPED, CPU_CACHE_USAGE_PERC, GPU_PREFIX_CACHE_HIT_RATE)
+    s for s in SPECS if all(s is not other for other in _NOT_DEFAULT_IN_CURRENT)
 )
 """The 39 families a vLLM 0.32 server exposes by default."""
