@@ -1,0 +1,91 @@
+"""`RequestRecord` → the versioned log event of one request (log schema version 1).
+
+The event is lean on purpose: one random id pair (``trace_id``, ``span_id``), times in
+milliseconds rounded to 0.1 ms, and no prompt, completion or header text. With
+``capture_prompt_hash`` it carries the prompt's SHA-256 and length instead of the text.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from exporters.records import Outcome, RequestRecord
+
+SCHEMA_VERSION = 1
+EVENT_NAME = "request"
+
+FIELDS: tuple[str, ...] = (
+    "ts", "level", "event", "trace_id", "span_id", "model", "route", "outcome", "http_status",
+    "prompt_tokens", "completion_tokens", "ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "finish_reason",
+    "length_bucket", "upstream", "stream", "slow", "schema_version",
+)
+"""Keys every request event has, in order; failures add ``error_type`` and ``error_message``."""
+
+_LEVELS = {
+    Outcome.OK: "info",
+    Outcome.CLIENT_ERROR: "warning",
+    Outcome.CANCELLED: "warning",
+}
+_MAX_ERROR_CHARS = 512
+
+
+def format_ts(unix_s: float) -> str:
+    """ISO 8601 UTC with milliseconds, e.g. ``2026-08-07T12:34:56.789Z``."""
+    ms = round(unix_s * 1000)
+    seconds, millis = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
+
+
+def level_of(outcome: Outcome) -> str:
+    """``info`` for ok, ``warning`` for client errors and cancellations, ``error`` otherwise."""
+    return _LEVELS.get(outcome, "error")
+
+
+def event_from_record(
+    record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
+) -> dict[str, Any]:
+    """The log event of a finished request.
+
+    ``ts`` is the end of the request (start + e2e). ``slow`` is true when ``sla_s`` is set and the
+    request took longer. ``error_type``/``error_message`` appear on failures only (the message is
+    cut to 512 characters). The prompt's hash and length appear only with ``capture_prompt_hash``.
+    """
+    outcome = Outcome(record.outcome)
+    e2e_s = record.e2e_s
+    end = record.start_unix + (e2e_s or 0.0) if record.start_unix else time.time()
+    event: dict[str, Any] = {
+        "ts": format_ts(end),
+        "level": level_of(outcome),
+        "event": EVENT_NAME,
+        "trace_id": record.trace_id,
+        "span_id": record.span_id,
+        "model": record.model,
+        "route": record.route,
+        "outcome": outcome.value,
+        "http_status": record.http_status,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "ttft_ms": _ms(record.ttft_s),
+        "itl_ms": _ms(record.mean_itl_s),
+        "e2e_ms": _ms(e2e_s),
+        "queue_ms": _ms(record.accept_s),
+        "finish_reason": record.finish_reason,
+        "length_bucket": record.length_bucket,
+        "upstream": record.upstream,
+        "stream": record.stream,
+        "slow": sla_s is not None and e2e_s is not None and e2e_s > sla_s,
+        "schema_version": SCHEMA_VERSION,
+    }
+    if outcome is not Outcome.OK or record.error_type or record.error_message:
+        event["error_type"] = record.error_type
+        message = record.error_message
+        event["error_message"] = message[:_MAX_ERROR_CHARS] if message else message
+    if capture_prompt_hash and record.prompt_hash is not None:
+        event["prompt_sha256"] = record.prompt_hash
+        event["prompt_chars"] = record.prompt_chars
+    return event
