@@ -1,0 +1,221 @@
+"""PromQL text -> the evaluator's tree, refusing anything outside the supported subset.
+
+``promql_parser`` (a binding of the Rust promql-parser crate) does the parsing; this module walks
+its AST once and builds :mod:`alert_rules.promql.ast` nodes. The parser gives no positions, so a
+refused construct is located by searching the expression text for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import timedelta
+
+import promql_parser as pp
+
+from alert_rules.promql.ast import (
+    Aggregate,
+    Binary,
+    Call,
+    Matcher,
+    Negate,
+    Node,
+    Number,
+    RangeSelector,
+    Selector,
+)
+from alert_rules.promql.errors import UnsupportedExpression
+
+# function name -> argument kinds ("s" scalar, "v" instant vector, "m" range vector); "?" = optional
+FUNCTIONS: dict[str, str] = {
+    "rate": "m", "increase": "m", "delta": "m", "irate": "m", "idelta": "m", "deriv": "m",
+    "predict_linear": "ms", "changes": "m", "resets": "m",
+    "avg_over_time": "m", "max_over_time": "m", "min_over_time": "m", "sum_over_time": "m",
+    "count_over_time": "m", "last_over_time": "m", "present_over_time": "m",
+    "quantile_over_time": "sm", "absent_over_time": "m",
+    "histogram_quantile": "sv", "abs": "v", "ceil": "v", "floor": "v", "sqrt": "v", "exp": "v",
+    "ln": "v", "log2": "v", "log10": "v", "clamp": "vss", "clamp_min": "vs", "clamp_max": "vs",
+    "absent": "v", "vector": "s", "scalar": "v", "time": "",
+}
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "group", "quantile"})
+BINARY_OPS = frozenset({"+", "-", "*", "/", "%", "^", "atan2", "==", "!=", ">", "<", ">=", "<=",
+                        "and", "or", "unless"})
+COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+SET_OPS = frozenset({"and", "or", "unless"})
+
+SUBSET_SUMMARY = (
+    "supported: selectors with =, !=, =~, !~ and offset; number literals; functions "
+    + ", ".join(sorted(FUNCTIONS)) + "; aggregations " + ", ".join(sorted(AGGREGATIONS))
+    + " with by/without; arithmetic, comparisons (with or without bool), and/or/unless, on/ignoring, "
+    "group_left/group_right"
+)
+
+
+def _ms(delta: timedelta) -> int:
+    return delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+
+
+def _match_op(op: object) -> str:
+    if op == pp.MatchOp.Equal:
+        return "="
+    if op == pp.MatchOp.NotEqual:
+        return "!="
+    if op == pp.MatchOp.Re:
+        return "=~"
+    return "!~"
+
+
+def _cardinality(card: object) -> str:
+    if card == pp.VectorMatchCardinality.ManyToOne:
+        return "many-to-one"
+    if card == pp.VectorMatchCardinality.OneToMany:
+        return "one-to-many"
+    if card == pp.VectorMatchCardinality.ManyToMany:
+        return "many-to-many"
+    return "one-to-one"
+
+
+class _Converter:
+    """Walks one promql_parser AST."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def refuse(self, construct: str, problem: str, pattern: str | None = None) -> UnsupportedExpression:
+        position = None
+        if pattern is not None:
+            found = re.search(pattern, self.text)
+            position = found.start() if found else None
+        return UnsupportedExpression(self.text, construct, problem, position)
+
+    def node(self, expr: object) -> Node:
+        if isinstance(expr, pp.ParenExpr):
+            return self.node(expr.expr)
+        if isinstance(expr, pp.NumberLiteral):
+            return Number(float(expr.val))
+        if isinstance(expr, pp.StringLiteral):
+            raise self.refuse("string literal", "strings are not supported", r"\"|'|`")
+        if isinstance(expr, pp.VectorSelector):
+            return self.selector(expr)
+        if isinstance(expr, pp.MatrixSelector):
+            return RangeSelector(self.selector(expr.vector_selector), _ms(expr.range))
+        if isinstance(expr, pp.SubqueryExpr):
+            raise self.refuse("subquery", "subqueries are not supported", r"\[[^\]]*:[^\]]*\]")
+        if isinstance(expr, pp.UnaryExpr):
+            inner = self.node(expr.expr)
+            if isinstance(inner, Number):
+                return Number(-inner.value)
+            return Negate(inner, kind=inner.kind)
+        if isinstance(expr, pp.Call):
+            return self.call(expr)
+        if isinstance(expr, pp.AggregateExpr):
+            return self.aggregate(expr)
+        if isinstance(expr, pp.BinaryExpr):
+            return self.binary(expr)
+        raise self.refuse(type(expr).__name__, "this kind of expression is not supported")
+
+    def selector(self, sel: pp.VectorSelector) -> Selector:
+        if sel.at is not None:
+            raise self.refuse("@ modifier", "the @ modifier is not supported", r"@")
+        if sel.matchers.or_matchers:
+            raise self.refuse("or inside a selector", "or-joined matchers are not supported", r"\bor\b")
+        matchers = []
+        for m in sel.matchers.matchers:
+            op = _match_op(m.op)
+            regex = None
+            if op in ("=~", "!~"):
+                try:
+                    regex = re.compile(m.value, re.DOTALL)
+                except re.error as err:
+                    raise self.refuse("regex matcher", f"regex {m.value!r} does not compile: {err}",
+                                      re.escape(m.value)) from err
+            matchers.append(Matcher(m.name, op, m.value, regex))  # type: ignore[arg-type]
+        offset = _ms(sel.offset) if sel.offset is not None else 0
+        return Selector(sel.name, tuple(matchers), offset)
+
+    def call(self, call: pp.Call) -> Node:
+        name = call.func.name
+        pattern = rf"\b{re.escape(name)}\s*\("
+        if name not in FUNCTIONS:
+            raise self.refuse(f"function {name}()", f"this function is not supported ({SUBSET_SUMMARY})",
+                              pattern)
+        kinds = FUNCTIONS[name]
+        args = tuple(self.node(a) for a in call.args)
+        if name == "vector" and not args:
+            raise self.refuse(f"function {name}()", "needs one argument", pattern)
+        for arg, want in zip(args, kinds, strict=False):
+            have = {"scalar": "s", "vector": "v", "matrix": "m"}[arg.kind]
+            if have != want:
+                raise self.refuse(f"function {name}()", f"an argument is a {arg.kind}, expected "
+                                  f"{ {'s': 'scalar', 'v': 'instant vector', 'm': 'range vector'}[want]}",
+                                  pattern)
+            if want == "m" and not isinstance(arg, RangeSelector):
+                raise self.refuse(f"function {name}()", "range arguments must be range selectors", pattern)
+        kind = "scalar" if name in ("scalar", "time") else "vector"
+        return Call(name, args, kind=kind)  # type: ignore[arg-type]
+
+    def aggregate(self, agg: pp.AggregateExpr) -> Aggregate:
+        op = str(agg.op)
+        if op not in AGGREGATIONS:
+            raise self.refuse(f"aggregation {op}", f"this aggregation is not supported ({SUBSET_SUMMARY})",
+                              rf"\b{re.escape(op)}\b")
+        param = None
+        if agg.param is not None:
+            param = self.node(agg.param)
+            if param.kind != "scalar":
+                raise self.refuse(f"aggregation {op}", "its parameter must be a scalar",
+                                  rf"\b{re.escape(op)}\b")
+        inner = self.node(agg.expr)
+        if inner.kind != "vector":
+            raise self.refuse(f"aggregation {op}", f"it needs an instant vector, got a {inner.kind}",
+                              rf"\b{re.escape(op)}\b")
+        grouping: tuple[str, ...] = ()
+        without = False
+        if agg.modifier is not None:
+            grouping = tuple(agg.modifier.labels)
+            without = agg.modifier.type == pp.AggModifierType.Without
+        return Aggregate(op, inner, param, grouping, without)
+
+    def binary(self, expr: pp.BinaryExpr) -> Node:
+        op = str(expr.op)
+        if op not in BINARY_OPS:
+            raise self.refuse(f"operator {op}", "this operator is not supported", re.escape(op))
+        lhs, rhs = self.node(expr.lhs), self.node(expr.rhs)
+        for side in (lhs, rhs):
+            if side.kind == "matrix":
+                raise self.refuse(f"operator {op}", "a range vector cannot be an operand", re.escape(op))
+        mod = expr.modifier
+        return_bool = bool(mod and mod.return_bool)
+        if lhs.kind == "scalar" and rhs.kind == "scalar":
+            return Binary(op, lhs, rhs, return_bool, kind="scalar")
+        card = "one-to-one"
+        on = False
+        matching: tuple[str, ...] = ()
+        include: tuple[str, ...] = ()
+        if mod is not None:
+            card = _cardinality(mod.card)
+            if mod.matching is not None:
+                on = mod.matching.type == pp.LabelModifierType.Include
+                matching = tuple(mod.matching.labels)
+            include = tuple(mod.group_labels or ())
+            fill = getattr(mod, "fill_values", None)
+            if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+                raise self.refuse("fill modifier", "fill values are not supported", r"\bfill")
+        if op in SET_OPS:
+            card = "many-to-many"
+        return Binary(op, lhs, rhs, return_bool, card, on, matching, include)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_expr(text: str) -> Node:
+    """Parse and convert an expression; raises UnsupportedExpression for anything outside the subset."""
+    try:
+        tree = pp.parse(text)
+    except (ValueError, RuntimeError, TypeError) as err:
+        raise UnsupportedExpression(text, "syntax", str(err)) from err
+    return _Converter(text).node(tree)
+
+
+def check_supported(expr: str) -> None:
+    """Raise UnsupportedExpression when the embedded evaluator cannot evaluate ``expr``."""
+    parse_expr(expr)
