@@ -29,6 +29,7 @@ INFLIGHT = web.AppKey("inflight", InFlightTokens)
 METRICS = web.AppKey("request_metrics", RequestMetrics)
 READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
+PROXY = web.AppKey("proxy", Proxy)
 
 
 def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
@@ -54,6 +55,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT])
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
     app[READINESS] = readiness
+    app[PROXY] = proxy
 
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_readiness_job)
@@ -81,8 +83,16 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
     for route in sorted(GENERATION_ROUTES):
         metrics.in_flight.labels("unknown", route)
 
+    proxy = app[PROXY]
+    models_url = settings.serve.upstream.rstrip("/") + "/v1/models"
+    learned = False
+
     async def probe() -> None:
-        gauge.set(1.0 if await readiness.probe() else 0.0)
+        nonlocal learned
+        ready = await readiness.probe()
+        gauge.set(1.0 if ready else 0.0)
+        if ready and not learned:
+            learned = await _learn_models(app[SESSION], models_url, proxy, metrics, settings)
 
     scheduler = AsyncIOScheduler()
     scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,
@@ -91,6 +101,24 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
     await probe()
     yield
     scheduler.shutdown(wait=False)
+
+
+async def _learn_models(
+    session: aiohttp.ClientSession, url: str, proxy: Proxy, metrics: RequestMetrics, settings: Settings
+) -> bool:
+    """Read the served model names so their series exist (at zero) before the first request or error."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            payload = await response.json(content_type=None)
+        names = [m["id"] for m in payload.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as err:
+        log.warning("upstream_models_unreadable", url=url, error=repr(err))
+        return False
+    proxy.learn_models(names)
+    for name in names:
+        for route in sorted(GENERATION_ROUTES):
+            metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges))
+    return True
 
 
 async def _shutdown_tracing(app: web.Application) -> None:

@@ -137,6 +137,7 @@ class Proxy:
                 payload["stream_options"] = options
                 body = json.dumps(payload, separators=(",", ":")).encode()
         record.stream = stream
+        record.model = requested_model or "unknown"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
         headers["Accept-Encoding"] = "identity"
         self._tracing.inject(span, headers)
@@ -264,6 +265,12 @@ class Proxy:
             record.error_type = f"http_{record.http_status}"
             record.error_message = str(message)[:500] if message is not None else None
 
+    def learn_models(self, names: list[str]) -> None:
+        """Remember model names the upstream serves (from /v1/models), so their errors keep their label."""
+        for name in names[:MAX_MODEL_LABELS]:
+            if len(self._state.known_models) < MAX_MODEL_LABELS:
+                self._state.known_models.add(name)
+
     def _model_label(self, requested: str | None, status: int) -> str:
         """The model label: the requested model once the upstream accepted it, else a bounded fallback."""
         if requested is None:
@@ -297,6 +304,8 @@ class Proxy:
     def _finish(self, record: RequestRecord, span: Span) -> None:
         """Derive the length bucket, run the observers (never let one fail the request), end the span."""
         record.length_bucket = length_bucket(record.prompt_tokens, self._edges)
+        if record.model not in self._state.known_models and record.model != "unknown":
+            record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
         span.set_attribute("http.response.status_code", record.http_status)
         span.set_attribute("inferwatch.outcome", record.outcome.value)
         span.set_attribute("gen_ai.request.model", record.model)

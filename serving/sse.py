@@ -123,8 +123,8 @@ class SseReader:
             stats.completion_tokens = usage.get("completion_tokens", stats.completion_tokens)
             if self._on_usage is not None:
                 self._on_usage(stats.prompt_tokens, stats.completion_tokens)
-            if not choices and self._strip_usage_chunk:
-                return b""
+            if not choices:
+                return b"" if self._strip_usage_chunk else raw
             if self._strip_usage_field:
                 del obj["usage"]
                 return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"

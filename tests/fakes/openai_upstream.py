@@ -1,0 +1,102 @@
+"""A fast in-process fake of vLLM's OpenAI API, for unit tests and the proxy benchmark.
+
+It streams ``max_tokens`` one-word chunks with no delay (or ``token_delay_s`` each), honours
+``stream_options.include_usage`` and ``continuous_usage_stats`` the way vLLM does, and shows
+faults on request: model ``fail`` -> 500, ``overloaded`` -> 503, ``oom`` -> 500 with an
+out-of-memory message, ``stall`` -> never answers, ``break`` -> stream cut after 2 chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+PROMPT_TOKENS = 7
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class FakeOpenAI:
+    """The fake upstream; ``requests`` records what it received (headers and bodies)."""
+
+    def __init__(self, token_delay_s: float = 0.0, record: bool = True) -> None:
+        self.token_delay_s = token_delay_s
+        self.record = record
+        self.requests: list[dict[str, Any]] = []
+        self.cancelled = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        """Always ready."""
+        return web.Response(text="")
+
+    async def models(self, _request: web.Request) -> web.Response:
+        """One model."""
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """Completions and chat completions, streamed or not."""
+        body = await request.json()
+        if self.record:
+            self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        model = body.get("model", "fake-model")
+        n = int(body.get("max_tokens", 16))
+        chat = request.path.endswith("chat/completions")
+        if model == "fail":
+            return web.json_response({"error": {"message": "internal failure"}}, status=500)
+        if model == "oom":
+            return web.json_response({"error": {"message": "CUDA out of memory. Tried to allocate 2.00 GiB"}},
+                                     status=500)
+        if model == "overloaded":
+            return web.json_response({"error": {"message": "queue full"}}, status=503)
+        if model == "stall":
+            await asyncio.sleep(3600)
+        if not body.get("stream"):
+            text = " ".join(f"w{i}" for i in range(n))
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            return web.json_response({"id": "x", "object": "completion", "model": model, "choices": [choice],
+                                      "usage": _usage(PROMPT_TOKENS, n)})
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        try:
+            for i in range(n):
+                if model == "break" and i == 2:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                finish = "length" if i == n - 1 else None
+                choice = ({"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": finish}
+                          if chat else {"index": 0, "text": f" w{i}", "finish_reason": finish})
+                chunk: dict[str, Any] = {"id": "x", "created": int(time.time()), "model": model, "choices": [choice]}
+                if continuous:
+                    chunk["usage"] = _usage(PROMPT_TOKENS, i + 1)
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+            if include_usage:
+                final = {"id": "x", "model": model, "choices": [], "usage": _usage(PROMPT_TOKENS, n)}
+                await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        return response

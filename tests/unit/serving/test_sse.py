@@ -1,0 +1,80 @@
+"""The SSE reader: event splitting, measurement and removal of what the sidecar added."""
+
+from __future__ import annotations
+
+import json
+
+from serving.sse import SseReader
+
+
+def _event(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _chunk(text: str, usage: dict[str, int] | None = None, finish: str | None = None) -> bytes:
+    obj: dict[str, object] = {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}
+    if usage is not None:
+        obj["usage"] = usage
+    return _event(obj)
+
+
+def test_events_split_across_network_chunks_are_forwarded_whole() -> None:
+    """An event cut in two network chunks is forwarded once, complete, when its end arrives."""
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+    event = _chunk("hello")
+    assert reader.feed(event[:10], 1) == b""
+    assert reader.feed(event[10:], 2) == event
+    assert reader.stats.first_content_ns == 2
+
+
+def test_gaps_are_measured_between_content_chunks_only() -> None:
+    """The role-only first chunk is not content; gaps are taken between content chunks."""
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+    reader.feed(_chunk(""), 0)
+    reader.feed(_chunk("a"), 1_000_000_000)
+    reader.feed(_chunk("b"), 1_500_000_000)
+    reader.feed(_chunk("c", finish="length"), 2_500_000_000)
+    assert reader.stats.first_content_ns == 1_000_000_000
+    assert reader.stats.gaps_s == [0.5, 1.0]
+    assert reader.stats.finish_reason == "length"
+
+
+def test_injected_usage_chunk_is_removed_when_client_did_not_ask() -> None:
+    """The final usage-only chunk is measured but not forwarded when the client did not ask for usage."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
+    usage_chunk = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    assert reader.feed(usage_chunk + b"data: [DONE]\n\n", 5) == b"data: [DONE]\n\n"
+    assert (reader.stats.prompt_tokens, reader.stats.completion_tokens) == (3, 4)
+    assert reader.stats.done
+
+
+def test_usage_chunk_is_kept_when_client_asked() -> None:
+    """A client that asked for include_usage gets the usage chunk unchanged."""
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+    usage_chunk = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    assert reader.feed(usage_chunk, 5) == usage_chunk
+
+
+def test_per_chunk_usage_is_stripped_and_reported_live() -> None:
+    """Continuous usage stats feed the live callback and are removed from the forwarded chunk."""
+    seen: list[tuple[int | None, int | None]] = []
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=True, on_usage=lambda p, c: seen.append((p, c)))
+    out = reader.feed(_chunk("x", usage={"prompt_tokens": 9, "completion_tokens": 1}), 1)
+    assert seen == [(9, 1)]
+    assert b"usage" not in out
+    assert json.loads(out[6:])["choices"][0]["delta"]["content"] == "x"
+
+
+def test_crlf_separators_and_non_json_events_pass_through() -> None:
+    """CRLF-separated events and undecodable data are forwarded unchanged and counted."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=True)
+    raw = b"data: {not json\r\n\r\n: comment\r\n\r\n"
+    assert reader.feed(raw, 1) == raw
+    assert reader.stats.undecodable_events == 1
+
+
+def test_error_event_is_recorded() -> None:
+    """An error object in the stream is remembered for the outcome."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
+    reader.feed(_event({"error": {"message": "boom"}}), 1)
+    assert reader.stats.error == "boom"
