@@ -85,7 +85,8 @@ ENGINE_GENERATION_TOKENS = MetricSpec(
 KV_USAGE = MetricSpec(
     "inferwatch_kv_cache_usage_ratio", G,
     "Fraction of GPU KV-cache blocks in use: vllm:kv_cache_usage_perc (V0: vllm:gpu_cache_usage_perc), "
-    "averaged over engines weighted by each engine's blocks (plain mean when block counts are unknown).",
+    "averaged over engines weighted by each engine's usable blocks (plain mean when block counts are "
+    "unknown).",
     M, "ratio",
 )
 KV_BLOCKS_TOTAL = MetricSpec(
@@ -96,8 +97,9 @@ KV_BLOCKS_TOTAL = MetricSpec(
 )
 KV_BLOCKS_USED = MetricSpec(
     "inferwatch_kv_cache_blocks_used", G,
-    "KV-cache blocks in use: sum over engines of usage x num_gpu_blocks (vllm:kv_cache_usage_perc x "
-    "the num_gpu_blocks label of vllm:cache_config_info).",
+    "KV-cache blocks in use: sum over engines of usage x usable blocks, where usage is "
+    "vllm:kv_cache_usage_perc and usable = num_gpu_blocks - 1 on V1 (vLLM holds one null block back and "
+    "computes usage as 1 - free / (num_gpu_blocks - 1)); V0: gpu_cache_usage_perc x num_gpu_blocks.",
     M, "blocks",
 )
 KV_BLOCK_SIZE = MetricSpec(

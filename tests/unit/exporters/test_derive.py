@@ -1,0 +1,80 @@
+"""Tests of the pure derivations in exporters.derive."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from exporters.derive import (
+    counter_delta,
+    fragmentation,
+    kv_usage_and_used,
+    prefill_decode_split,
+    prefix_hit_ratio,
+    tokens_per_joule,
+)
+from exporters.inflight import InFlight
+from exporters.vllm_parse import CacheInfo, EngineSeries
+
+
+def test_fragmentation_matches_a_hand_computation() -> None:
+    """Requests of 1, 32, 33 and 70 tokens in 32-token blocks leave 1 - 136 / (6 * 32) unused."""
+    entries = [InFlight("m", 1), InFlight("m", 32), InFlight("m", 33), InFlight("m", 70)]
+    (frag,) = fragmentation(entries, 32)
+    assert frag.tokens == 136
+    assert frag.blocks == 1 + 1 + 2 + 3
+    assert frag.ratio == pytest.approx(1 - 136 / 224)
+
+
+def test_fragmentation_is_per_model_and_ignores_empty_requests() -> None:
+    """Each model gets its own ratio; a request with no tokens yet holds no block."""
+    result = fragmentation([InFlight("a", 16), InFlight("b", 32), InFlight("b", 0)], 32)
+    assert [(f.model, f.ratio) for f in result] == [("a", 0.5), ("b", 0.0)]
+
+
+def test_fragmentation_needs_a_block_size() -> None:
+    """Without a known block size there is nothing to estimate."""
+    assert fragmentation([InFlight("m", 10)], None) == []
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "expected"),
+    [
+        pytest.param(1.0, 3.0, (0.25, 0.75), id="shares of the summed time"),
+        pytest.param(0.0, 0.0, None, id="no finished request yet gives no share"),
+        pytest.param(None, 3.0, None, id="an unknown side gives no share"),
+    ],
+)
+def test_prefill_decode_split(prefill: float | None, decode: float | None, expected: object) -> None:
+    """The split is prefill and decode over their sum, or None when undefined."""
+    assert prefill_decode_split(prefill, decode) == expected
+
+
+def test_prefix_hit_ratio_refuses_inconsistent_counts() -> None:
+    """Hits above queries or zero queries give None rather than a ratio outside [0, 1]."""
+    assert prefix_hit_ratio(5, 10) == 0.5
+    assert prefix_hit_ratio(11, 10) is None
+    assert prefix_hit_ratio(0, 0) is None
+
+
+def test_kv_usage_is_weighted_by_usable_blocks() -> None:
+    """Two V1 engines of 101 and 201 blocks at 50 % and 100 % use 50 + 200 of 300 usable blocks."""
+    series = [EngineSeries("m", "0", kv_usage=0.5), EngineSeries("m", "1", kv_usage=1.0)]
+    cache = [CacheInfo("0", 16, 101, None), CacheInfo("1", 16, 201, None)]
+    usage, used = kv_usage_and_used(series, cache, "v1_engine")
+    assert used == 250.0
+    assert usage == pytest.approx(250 / 300)
+
+
+def test_counter_delta_handles_a_restart() -> None:
+    """A counter that went down restarted; its current value is the increase."""
+    assert counter_delta(10, 25) == 15
+    assert counter_delta(100, 7) == 7
+
+
+def test_tokens_per_joule() -> None:
+    """600 tokens in 2 s at 150 W is 2 tokens per joule; zero power gives None."""
+    assert tokens_per_joule(1000, 1600, 2.0, 150.0) == 2.0
+    assert tokens_per_joule(1000, 1600, 2.0, 0.0) is None
+    assert math.isclose(tokens_per_joule(0, 300, 1.0, 300.0) or 0, 1.0)
