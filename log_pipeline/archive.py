@@ -49,6 +49,7 @@ class WriterStats:
     segments_published: int = 0
     segments_deleted: dict[str, int] = field(default_factory=lambda: {"size": 0, "age": 0})
     dictionaries: int = 0
+    lost_records: int = 0
 
 
 class _OpenSegment:
@@ -146,7 +147,12 @@ class ArchiveWriter:
         if not self._pending:
             return
         records, self._pending = self._pending, []
-        segment = self._segment or self._open_segment()
+        try:
+            segment = self._segment or self._open_segment()
+        except OSError as err:
+            self.stats.lost_records += len(records)
+            self._on_problem(f"{self.root}: cannot open a segment ({err}); {len(records)} records lost")
+            return
         encoded = frames.encode_records(records)
         compressor = segment.compressor or self._plain
         payload = compressor.compress(encoded.payload)
@@ -156,7 +162,11 @@ class ArchiveWriter:
         )
         frame_no = len(segment.offsets)
         offset = segment.size
-        segment.write(header.pack() + payload)
+        try:
+            segment.write(header.pack() + payload)
+        except OSError as err:
+            self._abandon(segment, err, len(records))
+            return
         segment.offsets.append(offset)
         segment.entries.extend((index_key(_trace_id(r)), frame_no) for r in records)
         segment.records += len(records)
@@ -176,6 +186,14 @@ class ArchiveWriter:
             or len(segment.offsets) >= MAX_FRAMES
         ):
             self.publish()
+
+    def _abandon(self, segment: _OpenSegment, err: OSError, lost: int) -> None:
+        """A write failed: count the frame's records as lost and leave the segment for recovery."""
+        self.stats.lost_records += lost
+        self._on_problem(f"{segment.path}: write failed ({err}); {lost} records lost, starting a new segment")
+        self._segment = None
+        with contextlib.suppress(OSError):
+            os.close(segment.fd)
 
     def _train(self, segment: _OpenSegment) -> None:
         """Train this segment's dictionary from its first records and write it as a frame."""
@@ -198,7 +216,11 @@ class ArchiveWriter:
         header = frames.FrameHeader(
             frames.KIND_DICTIONARY, dict_id, 0, len(content), len(payload), 0, payload_crc=_crc(payload)
         )
-        segment.write(header.pack() + payload)
+        try:
+            segment.write(header.pack() + payload)
+        except OSError as err:
+            self._abandon(segment, err, 0)
+            return
         self.stats.bytes_written += frames.FRAME_OVERHEAD + len(payload)
         self.stats.dictionaries += 1
         segment.dict_id = dict_id

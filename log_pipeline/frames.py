@@ -43,7 +43,7 @@ FRAME_OVERHEAD = _PREFIX.size + HEADER.size + _CRC.size
 NO_TS = -(2**63)
 
 _TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode
+_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
 _DECODE = json.JSONDecoder().decode
 _MISSING: Any = object()
 

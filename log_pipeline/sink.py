@@ -1,0 +1,176 @@
+"""The request-record sink: sample, count, and queue kept records for a writer thread.
+
+``RecordSink.offer`` is the one place where records are counted: seen, kept by reason, dropped
+by reason (``inferwatch_log_records_*``). It never blocks: when the bounded queue is full the
+record is dropped and counted as ``queue_full``. The writer thread owns the
+:class:`~log_pipeline.archive.ArchiveWriter`, closes frames on time even when no record arrives,
+and publishes the open segment on :meth:`RecordSink.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry
+
+from log_pipeline.archive import ArchiveWriter
+from log_pipeline.config import LogConfig
+from log_pipeline.metrics import (
+    DROP_CLOSED,
+    DROP_NO_ARCHIVE,
+    DROP_QUEUE_FULL,
+    DROP_SAMPLING,
+    PipelineMetrics,
+)
+from log_pipeline.sampling import Decision, Sampler
+
+log = structlog.get_logger(__name__)
+_STOP: Any = object()
+_DRAIN = 512  # records taken from the queue per wake-up before the writer checks its clocks
+
+
+def _log_problem(message: str) -> None:
+    log.warning("log archive problem", problem=message)
+
+
+class RecordSink:
+    """Sampling, counting and a bounded queue in front of the archive writer thread."""
+
+    def __init__(
+        self,
+        config: LogConfig,
+        registry: CollectorRegistry,
+        *,
+        on_problem: Callable[[str], None] = _log_problem,
+    ) -> None:
+        self.config = config
+        self.sampler = Sampler(config.success_sample_ratio)
+        self._slow_after_ms = config.slow_request_s * 1000.0
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
+        self.metrics = PipelineMetrics(registry, self._queue.qsize, config.queue_size)
+        self._on_problem = on_problem
+        self._writer: ArchiveWriter | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def archiving(self) -> bool:
+        """True when kept records go to an archive directory."""
+        return bool(self.config.dir)
+
+    def start(self) -> None:
+        """Open the archive (recovering segments a killed writer left) and start the writer thread."""
+        if not self.archiving or self._thread is not None:
+            return
+        self._writer = ArchiveWriter(self.config, on_problem=self._on_problem)
+        self._writer.recover()
+        self._thread = threading.Thread(target=self._run, name="inferwatch-log-writer", daemon=True)
+        self._thread.start()
+
+    def decide(self, event: Mapping[str, Any]) -> Decision:
+        """The sampling decision for an event (pure: the proxy may call it for the span attribute)."""
+        return self.sampler.decide_event(event, slow_after_ms=self._slow_after_ms)
+
+    def _admit(self, event: Mapping[str, Any], decision: Decision | None) -> tuple[Decision, str | None]:
+        """Count the event as seen; return its decision and why it is not to be queued (None: queue it)."""
+        self.metrics.seen.inc()
+        decision = decision or self.decide(event)
+        if not decision.keep:
+            why: str | None = DROP_SAMPLING
+        elif not self.archiving:
+            why = DROP_NO_ARCHIVE
+        elif self._closed:
+            why = DROP_CLOSED
+        else:
+            return decision, None
+        self.metrics.dropped[why].inc()
+        return decision, why
+
+    def offer(self, event: dict[str, Any], decision: Decision | None = None) -> bool:
+        """Sample, count and queue an event without ever blocking.
+
+        Returns False only when the event was kept by sampling but could not be queued (queue
+        full, sink closed); an event dropped by sampling returns True. Pass ``decision`` when
+        the caller already has one from :meth:`decide`.
+        """
+        decision, dropped = self._admit(event, decision)
+        if dropped is not None:
+            return dropped != DROP_CLOSED
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.metrics.dropped[DROP_QUEUE_FULL].inc()
+            return False
+        self.metrics.kept[decision.reason].inc()
+        return True
+
+    def put(self, event: dict[str, Any], decision: Decision | None = None) -> Decision:
+        """Like :meth:`offer`, but wait for room in the queue (for replays such as ``logs ingest``)."""
+        decision, dropped = self._admit(event, decision)
+        if dropped is None:
+            self._queue.put(event)
+            self.metrics.kept[decision.reason].inc()
+        return decision
+
+    def _run(self) -> None:
+        writer = self._writer
+        assert writer is not None
+        stop = False
+        while not stop:
+            timeout = writer.due_in()
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = None
+            try:
+                taken = 0
+                while item is not None:
+                    if item is _STOP:
+                        stop = True
+                        break
+                    writer.append(item)
+                    taken += 1
+                    if taken >= _DRAIN:
+                        break
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        item = None
+                writer.tick()
+            except Exception as err:  # the writer thread must outlive any bad record or disk error
+                self._on_problem(f"log writer error: {err!r}")
+            self.metrics.writer_progress(writer.stats)
+        try:
+            writer.close()
+        except Exception as err:
+            self._on_problem(f"log writer error while closing: {err!r}")
+        self.metrics.writer_progress(writer.stats)
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Stop accepting records, write what is queued, close the frame and publish the segment.
+
+        Returns False when the writer did not finish within ``timeout_s`` (what was still queued is
+        counted as lost with reason ``shutdown``).
+        """
+        self._closed = True
+        thread = self._thread
+        if thread is None:
+            return True
+        with contextlib.suppress(queue.Full):
+            self._queue.put(_STOP, timeout=timeout_s)
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self.metrics.lost["shutdown"].inc(self._queue.qsize())
+            return False
+        self._thread = None
+        return True
+
+    @property
+    def writer(self) -> ArchiveWriter | None:
+        """The archive writer (for statistics after :meth:`close`)."""
+        return self._writer
