@@ -1,0 +1,186 @@
+"""Client -> sidecar -> real vLLM-CPU: measurements, traces and Prometheus agree with the engine."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import servers
+from tests.harness.otlp_receiver import OtlpReceiver
+
+pytestmark = pytest.mark.real_server
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def _metric_sum(text: str, sample: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_non_streaming_tokens_equal_vllm_usage(sidecar: servers.SidecarServer) -> None:
+    """A non-streamed completion's usage reaches the client unchanged and the sidecar counts exactly it."""
+    before = _get(f"{sidecar.base_url}/metrics")
+    status, headers, body = _post(f"{sidecar.base_url}/v1/completions",
+                                  {"model": "tiny-llm", "prompt": "the quick brown fox", "max_tokens": 7,
+                                   "ignore_eos": True})
+    assert status == 200
+    usage = json.loads(body)["usage"]
+    assert usage["completion_tokens"] == 7
+    after = _get(f"{sidecar.base_url}/metrics")
+    labels = {"model_name": "tiny-llm", "route": "/v1/completions"}
+    for sample, key in (("inferwatch_completion_tokens_total", "completion_tokens"),
+                        ("inferwatch_prompt_tokens_total", "prompt_tokens")):
+        assert _metric_sum(after, sample, **labels) - _metric_sum(before, sample, **labels) == usage[key]
+    assert len(headers["x-trace-id"]) == 32
+
+
+def test_streaming_tokens_ttft_and_usage_chunk(sidecar: servers.SidecarServer, vllm_server: servers.VllmServer) -> None:
+    """A streamed chat completion: one content chunk per token, no injected usage, TTFT <= e2e, counts match vLLM."""
+    vllm_before = vllm_server.metrics_text()
+    before = _get(f"{sidecar.base_url}/metrics")
+    status, _headers, body = _post(
+        f"{sidecar.base_url}/v1/chat/completions",
+        {"model": "tiny-llm", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12,
+         "ignore_eos": True, "stream": True})
+    assert status == 200
+    events = [e[6:] for e in body.decode().split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("usage" not in c for c in chunks), "the sidecar must strip the usage it asked for"
+    after = _get(f"{sidecar.base_url}/metrics")
+    vllm_after = vllm_server.metrics_text()
+    labels = {"model_name": "tiny-llm", "route": "/v1/chat/completions"}
+    sidecar_tokens = (_metric_sum(after, "inferwatch_completion_tokens_total", **labels)
+                      - _metric_sum(before, "inferwatch_completion_tokens_total", **labels))
+    vllm_tokens = (_metric_sum(vllm_after, "vllm:generation_tokens_total")
+                   - _metric_sum(vllm_before, "vllm:generation_tokens_total"))
+    assert sidecar_tokens == 12 == vllm_tokens
+    ttft = (_metric_sum(after, "inferwatch_time_to_first_token_seconds_sum", **labels)
+            - _metric_sum(before, "inferwatch_time_to_first_token_seconds_sum", **labels))
+    e2e = (_metric_sum(after, "inferwatch_e2e_request_latency_seconds_sum", **labels)
+           - _metric_sum(before, "inferwatch_e2e_request_latency_seconds_sum", **labels))
+    assert 0 < ttft <= e2e
+
+
+def test_streaming_with_client_usage_matches_vllm(sidecar: servers.SidecarServer) -> None:
+    """A client that asks for include_usage gets vLLM's usage chunk, and it equals the tokens streamed."""
+    status, _h, body = _post(f"{sidecar.base_url}/v1/completions",
+                             {"model": "tiny-llm", "prompt": "one two three", "max_tokens": 9, "ignore_eos": True,
+                              "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    chunks = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: {")]
+    usage_chunks = [c for c in chunks if c.get("usage") and not c.get("choices")]
+    assert len(usage_chunks) == 1
+    assert usage_chunks[0]["usage"]["completion_tokens"] == 9
+    assert all("usage" not in c for c in chunks if c.get("choices")), "per-chunk usage was not asked for"
+
+
+def test_trace_id_equals_vllm_span(sidecar: servers.SidecarServer, otlp_receiver: OtlpReceiver) -> None:
+    """The x-trace-id returned to the client is the trace id of the llm_request span vLLM exported."""
+    incoming = "4bf92f3577b34da6a3ce929d0e0e4736"
+    for headers in ({}, {"traceparent": f"00-{incoming}-00f067aa0ba902b7-01"}):
+        status, response_headers, _ = _post(f"{sidecar.base_url}/v1/completions",
+                                            {"model": "tiny-llm", "prompt": "trace me", "max_tokens": 3}, headers)
+        assert status == 200
+        trace_id = response_headers["x-trace-id"]
+        if headers:
+            assert trace_id == incoming
+        vllm_spans = otlp_receiver.wait_for(lambda s, t=trace_id: s.name == "llm_request" and s.trace_id == t, 30)
+        assert len(vllm_spans) == 1, f"vLLM exported no llm_request span for trace {trace_id}"
+        ours = otlp_receiver.wait_for(lambda s, t=trace_id: s.service == "inferwatch" and s.trace_id == t, 30)
+        assert len(ours) == 1
+        assert vllm_spans[0].parent_span_id == ours[0].span_id, "vLLM's span must be a child of the sidecar's"
+
+
+def test_invalid_traceparent_still_served(sidecar: servers.SidecarServer) -> None:
+    """An invalid traceparent starts a new trace and the request is served."""
+    status, headers, _ = _post(f"{sidecar.base_url}/v1/completions",
+                               {"model": "tiny-llm", "prompt": "x", "max_tokens": 2}, {"traceparent": "garbage"})
+    assert status == 200
+    assert len(headers["x-trace-id"]) == 32
+
+
+def test_malformed_json_is_400(sidecar: servers.SidecarServer) -> None:
+    """A malformed body gets a 400 with a JSON error body."""
+    request = urllib.request.Request(f"{sidecar.base_url}/v1/chat/completions", data=b'{"model": ', method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400
+    assert "malformed JSON" in json.loads(info.value.read())["error"]["message"]
+
+
+def test_readyz_and_healthz(sidecar: servers.SidecarServer) -> None:
+    """The sidecar is alive and reports the real upstream ready."""
+    assert servers.http_status(f"{sidecar.base_url}/healthz") == 200
+    assert servers.http_status(f"{sidecar.base_url}/readyz") == 200
+
+
+def _prom_query(base: str, query: str) -> float | None:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    data = json.loads(_get(url))
+    result = data["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_prometheus_counts_agree_with_requests_sent(
+    sidecar: servers.SidecarServer, vllm_server: servers.VllmServer,
+    prometheus_factory: Callable[[str], servers.PrometheusServer],
+) -> None:
+    """A real Prometheus scraping vLLM and the sidecar sees both count exactly the requests sent."""
+    prometheus = prometheus_factory(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+scrape_configs:
+  - job_name: vllm
+    static_configs: [{{targets: ['127.0.0.1:{vllm_server.port}']}}]
+  - job_name: inferwatch
+    static_configs: [{{targets: ['127.0.0.1:{sidecar.port}']}}]
+""")
+    ok_query = 'sum(inferwatch_requests_total{outcome="ok",model_name="tiny-llm"})'
+    vllm_query = 'sum(vllm:request_success_total{model_name="tiny-llm"})'
+
+    def both() -> tuple[float | None, float | None]:
+        return _prom_query(prometheus.base_url, ok_query), _prom_query(prometheus.base_url, vllm_query)
+
+    def wait_stable(expect: Callable[[tuple[float | None, float | None]], bool]) -> tuple[float | None, float | None]:
+        end = time.monotonic() + 30
+        values = both()
+        while not expect(values) and time.monotonic() < end:
+            time.sleep(0.25)
+            values = both()
+        return values
+
+    start = wait_stable(lambda v: v[0] is not None and v[1] is not None)
+    assert start[0] is not None and start[1] is not None
+    sent = 6
+    for i in range(sent):
+        status, _, _ = _post(f"{sidecar.base_url}/v1/completions",
+                             {"model": "tiny-llm", "prompt": f"count {i}", "max_tokens": 2, "stream": i % 2 == 0})
+        assert status == 200
+    final = wait_stable(lambda v: v == (start[0] + sent, start[1] + sent))  # type: ignore[operator]
+    assert final == (start[0] + sent, start[1] + sent)
