@@ -71,7 +71,11 @@ def rule_files(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENG
 
 
 class _Dumper(yaml.SafeDumper):
-    """Block style, literal blocks for multi-line strings, keys in insertion order."""
+    """Block style, literal blocks for multi-line strings, keys in insertion order, no aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        """Write repeated values out in full: generated files are read by people."""
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
