@@ -19,11 +19,6 @@ class Notification:
     ends_at_ms: int | None
     expr: str = ""
 
-    @property
-    def resolved(self) -> bool:
-        """True when the alert is sent as resolved (its end is its resolution time)."""
-        return (self.ends_at_ms is not None and self.ends_at_ms <= self.starts_at_ms + 0) or False
-
 
 def needs_sending(state: str, resolved_at_ms: int | None, last_sent_ms: int | None, now_ms: int,
                   resend_delay_ms: int) -> bool:
