@@ -15,6 +15,7 @@ from alert_rules.slo import error_outcomes
 from alert_rules.spec import AlertRule, RuleGroup, Severity, any_of, duration, number, selector
 from exporters.catalog.engine import ENGINE_BATCH_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_REQUESTS, KV_USAGE, SCRAPE_UP
 from exporters.catalog.gpu import GPU_MEMORY_TOTAL, GPU_MEMORY_USED
+from exporters.catalog.pipeline import LOG_RECORDS_DROPPED, LOG_RECORDS_LOST
 from exporters.catalog.process import PROCESS_OOM_EVENTS, PROCESS_RESIDENT_MEMORY
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
@@ -259,6 +260,22 @@ def kv_cache(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     )]
 
 
+def log_drops(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
+    """The log pipeline loses request records (queue full or write failures; sampling is not a loss)."""
+    w = duration(config.log_drops_window_s)
+    dropped = selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "queue_full"))
+    return [AlertRule(
+        name="InferwatchLogRecordsDropped",
+        expr=f"sum(increase({dropped}[{w}])) > 0 or sum(increase({LOG_RECORDS_LOST.series}[{w}])) > 0",
+        severity=Severity.WARNING,
+        summary="The log pipeline is dropping request records.",
+        description=(
+            f"The sidecar's log pipeline dropped records because its queue was full, or lost queued "
+            f"records because writing failed, within the last {w}: request logs have gaps."
+        ),
+    )]
+
+
 def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     """Advice, never a page: the running batch stays below max_num_seqs."""
     if config.max_num_seqs == 0:
@@ -284,7 +301,7 @@ def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule
 
 BUILDERS: tuple[Builder, ...] = (
     swapping, preemption, latency_sla, gpu_memory, circuit_breaker, oom_burst, memory_leak,
-    long_context, queue, upstream_down, kv_cache, batch_advice,
+    long_context, queue, upstream_down, kv_cache, log_drops, batch_advice,
 )
 
 

@@ -23,6 +23,7 @@ from alert_rules.windows import budget
 from exporters import buckets
 from exporters.catalog.engine import ENGINE_BATCH_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_REQUESTS, KV_USAGE, SCRAPE_UP
 from exporters.catalog.gpu import GPU_MEMORY_TOTAL, GPU_MEMORY_USED
+from exporters.catalog.pipeline import LOG_RECORDS_DROPPED
 from exporters.catalog.process import PROCESS_OOM_EVENTS, PROCESS_RESIDENT_MEMORY
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
@@ -247,6 +248,16 @@ def _kv_cache(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario
                     (Series(s, _values_gauge(c.kv_cache_ratio / 2, n)),), 0, {"model_name": MODEL})
 
 
+def _log_drops(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = _step_for(c.log_drops_window_s)
+    n = _steps_needed(4 * step, step)
+    full = Series(selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "queue_full")), _values_counter(10, n))
+    flat = Series(full.series, _values_gauge(4, n))
+    # Sampling drops are by design: they never alert.
+    sampled = Series(selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "sampling")), _values_counter(50, n))
+    return Scenario(step, (full, sampled), (flat, sampled), step)
+
+
 def _batch(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
     bounds = ENGINE_BATCH_REQUESTS.buckets or ()
     if not bounds or not bounds[0] < c.max_num_seqs <= bounds[-1]:
@@ -306,6 +317,7 @@ SCENARIOS: dict[str, ScenarioBuilder] = {
     "InferwatchQueueBacklog": _queue,
     "InferwatchUpstreamDown": _upstream_down,
     "InferwatchKVCacheNearlyFull": _kv_cache,
+    "InferwatchLogRecordsDropped": _log_drops,
     "InferwatchBatchSizeAdvice": _batch,
     "InferwatchAvailabilityBudgetBurnPage": _availability,
     "InferwatchAvailabilityBudgetBurnTicket": _availability,
