@@ -1,0 +1,136 @@
+"""Tests of exporters.nvml against the fake NVML, which raises pynvml's real exception classes."""
+
+from __future__ import annotations
+
+import threading
+
+import pynvml
+import pytest
+
+from exporters.errors import NvmlUnavailable
+from exporters.nvml import NvmlReader, XidWatcher
+from tests.fakes.nvml import H200_RESERVED, H200_TOTAL, FakeNvml
+
+
+def _reader(fake: FakeNvml) -> NvmlReader:
+    reader = NvmlReader(fake, clock=lambda: 1_800_000_000.0 + fake.now)
+    reader.open()
+    return reader
+
+
+def test_eight_gpus_are_read_in_base_units() -> None:
+    """Eight GPUs give bytes, ratios, watts, joules and hertz from NVML's MiB-free raw units."""
+    fake = FakeNvml(8)
+    snap = _reader(fake).read()
+    assert snap.count == 8
+    assert [g.index for g in snap.gpus] == list(range(8))
+    gpu = snap.gpus[3]
+    assert gpu.up
+    assert gpu.uuid == fake.gpus[3].uuid
+    assert gpu.memory_total == H200_TOTAL
+    assert gpu.memory_reserved == H200_RESERVED
+    assert gpu.memory_used == 2 * 1024**3
+    assert gpu.utilization == 0.5
+    assert gpu.power_watts == 350.0
+    assert gpu.power_limit_watts == 700.0
+    assert gpu.energy_joules == 1000.0
+    assert gpu.sm_clock_hertz == 1980e6
+    assert gpu.processes == ((1003, 1024**3),)
+    assert snap.driver_version == "575.57.08"
+    assert snap.cuda_driver_version == "12.9"
+
+
+def test_a_gpu_lost_mid_run_goes_down_while_the_others_are_served() -> None:
+    """After GPU 5 falls off the bus it reads up=0 and is no longer queried; the other seven stay up."""
+    fake = FakeNvml(8)
+    reader = _reader(fake)
+    reader.read()
+    fake.lose(5)
+    fake.advance(5)
+    snap = reader.read()
+    assert [g.up for g in snap.gpus] == [True] * 5 + [False] + [True] * 2
+    assert snap.gpus[5].uuid == fake.gpus[5].uuid
+    calls_before = fake.calls["nvmlDeviceGetPowerUsage"]
+    reader.read()
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == calls_before + 7
+    assert (5, fake.gpus[5].uuid, "device", "NVMLError_GpuIsLost", 1) in snap.errors
+
+
+def test_unsupported_calls_are_skipped_for_that_gpu_and_counted_once() -> None:
+    """A NotSupported or FunctionNotFound call is counted once, omitted, and not tried again on that GPU."""
+    fake = FakeNvml(2)
+    fake.gpus[1].unsupported.add("nvmlDeviceGetTotalEnergyConsumption")
+    fake.gpus[1].missing.add("nvmlDeviceGetMemoryInfo_v2")
+    reader = _reader(fake)
+    reader.read()
+    snap = reader.read()
+    assert snap.gpus[1].energy_joules is None
+    assert snap.gpus[0].energy_joules == 1000.0
+    assert snap.gpus[1].memory_reserved is None
+    assert snap.gpus[1].memory_used == fake.gpus[1].used + H200_RESERVED  # v1 counts reserved as used
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2 + 1
+    uuid = fake.gpus[1].uuid
+    assert (1, uuid, "nvmlDeviceGetTotalEnergyConsumption", 1) in snap.unsupported
+
+
+def test_process_call_library_mismatch_counts_as_unsupported() -> None:
+    """NVMLLibraryMismatchError (not an NVMLError) from the process call is treated as unsupported."""
+    fake = FakeNvml(1)
+    fake.gpus[0].missing.add("nvmlDeviceGetComputeRunningProcesses_v3")
+    snap = _reader(fake).read()
+    assert snap.gpus[0].processes == ()
+    assert snap.unsupported[0][2] == "nvmlDeviceGetComputeRunningProcesses"
+
+
+def test_memory_growth_and_energy_follow_the_clock() -> None:
+    """Memory grows at the configured rate and energy integrates power over time."""
+    fake = FakeNvml(1)
+    fake.gpus[0].growth_bytes_per_s = 1024**2
+    reader = _reader(fake)
+    first = reader.read().gpus[0]
+    fake.advance(10)
+    second = reader.read().gpus[0]
+    assert second.memory_used - first.memory_used == 10 * 1024**2
+    assert second.energy_joules - first.energy_joules == pytest.approx(3500.0)
+
+
+@pytest.mark.parametrize(
+    "error", [pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_NoPermission],
+    ids=["no library", "no driver", "no permission"],
+)
+def test_no_nvml_raises_nvml_unavailable(error: type[pynvml.NVMLError]) -> None:
+    """Every way NVML can fail to initialise becomes one NvmlUnavailable naming the cause."""
+    with pytest.raises(NvmlUnavailable, match=error.__name__):
+        NvmlReader(FakeNvml(init_error=error)).open()
+
+
+def test_xid_events_are_counted_by_gpu_and_code() -> None:
+    """Queued XID events are counted per GPU and code; XID 79 also marks the GPU lost."""
+    fake = FakeNvml(4)
+    reader = _reader(fake)
+    reader.read()
+    watcher = XidWatcher(reader, timeout_ms=1)
+    assert watcher.register() == 4
+    fake.inject_xid(2, 13, count=3)
+    fake.inject_xid(0, 48)
+    fake.lose(3)
+    while watcher.poll_once():
+        pass
+    counts = {(x.index, x.xid): x.count for x in reader.xid_counts()}
+    assert counts == {(2, 13): 3, (0, 48): 1, (3, 79): 1}
+    assert reader.read().gpus[3].up is False
+
+
+def test_xid_watcher_thread_stops_when_asked() -> None:
+    """run() polls until the stop event is set and frees the event set."""
+    fake = FakeNvml(1)
+    reader = _reader(fake)
+    reader.read()
+    watcher = XidWatcher(reader, timeout_ms=1)
+    fake.inject_xid(0, 94)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    thread.start()
+    stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
