@@ -1,0 +1,90 @@
+"""The intervene-now alerts: built from config thresholds and catalog names."""
+
+from __future__ import annotations
+
+import pytest
+
+from alert_rules import intervene
+from alert_rules.config import RulesConfig
+from alert_rules.spec import AlertRule
+from exporters.catalog.engine import SCRAPE_UP
+from exporters.errors import ConfigError
+
+EDGES = (512, 2048, 8192, 32768)
+
+
+def _alerts(config: RulesConfig | None = None, edges: tuple[int, ...] = EDGES) -> dict[str, AlertRule]:
+    (group,) = intervene.rule_groups(config or RulesConfig(), edges)
+    return {a.name: a for a in group.alerts()}
+
+
+def test_every_condition_of_the_issue_has_an_alert() -> None:
+    """Swapping, preemption, SLA, GPU memory, breaker, OOM, leak, long context, queue, down, KV, logs, advice."""
+    assert set(_alerts()) == {
+        "InferwatchRequestsSwapped", "InferwatchPreemptionStorm", "InferwatchLatencyAboveSLA",
+        "InferwatchGpuMemoryHigh", "InferwatchCircuitBreakerDegrade", "InferwatchCircuitBreakerRollback",
+        "InferwatchOOMBurst", "InferwatchUpstreamMemoryLeak", "InferwatchLongContextFailures",
+        "InferwatchQueueBacklog", "InferwatchUpstreamDown", "InferwatchKVCacheNearlyFull",
+        "InferwatchLogRecordsDropped", "InferwatchBatchSizeAdvice",
+    }
+
+
+def test_sla_is_per_model_with_a_default_for_the_rest() -> None:
+    """Each model in the SLA table gets its own 1.5 x SLA limit; the rest use the default."""
+    expr = _alerts(RulesConfig(sla_seconds={"llama": 4.0, "qwen": 10.0}))["InferwatchLatencyAboveSLA"].expr
+    assert 'model_name="llama"' in expr and "> 6)" in expr
+    assert 'model_name="qwen"' in expr and "> 15)" in expr
+    assert 'model_name!="llama", model_name!="qwen"' in expr and "> 30)" in expr
+
+
+def test_breaker_levels_and_actions() -> None:
+    """Degrade is a warning on 1 % errors or 2 s p99; rollback is critical on 3 % and keeps firing."""
+    alerts = _alerts()
+    degrade, rollback = alerts["InferwatchCircuitBreakerDegrade"], alerts["InferwatchCircuitBreakerRollback"]
+    assert (degrade.severity, degrade.labels["action"]) == ("warning", "degrade")
+    assert "> 0.01)" in degrade.expr and "> 2)" in degrade.expr
+    assert (rollback.severity, rollback.labels["action"]) == ("critical", "rollback")
+    assert rollback.expr.endswith("> 0.03") and rollback.keep_firing_for_s == 300
+
+
+def test_long_context_reads_only_the_long_buckets() -> None:
+    """The long-prompt failure ratio uses the buckets starting at 8k tokens, apart from the rest."""
+    alert = _alerts()["InferwatchLongContextFailures"]
+    assert alert.expr.count('length_bucket=~"8k-32k|gt32k"') == 2
+
+
+def test_long_context_without_long_buckets_is_a_config_error() -> None:
+    """Edges that never reach the long-context size are refused, naming the buckets."""
+    with pytest.raises(ConfigError, match="le512"):
+        _alerts(edges=(512, 2048))
+
+
+def test_upstream_down_uses_the_sidecar_gauge_not_up() -> None:
+    """Prometheus' synthetic up is never used: the embedded evaluator has no such series."""
+    expr = _alerts()["InferwatchUpstreamDown"].expr
+    assert expr.startswith(SCRAPE_UP.series) and not expr.startswith("up")
+
+
+def test_oom_burst_counts_without_extrapolation() -> None:
+    """The OOM burst counts max - min inside 10s and fires at 3 or more."""
+    expr = _alerts()["InferwatchOOMBurst"].expr
+    assert "max_over_time(" in expr and "[10s]" in expr and expr.endswith(">= 3")
+
+
+def test_batch_advice_is_info_and_suggests_25_percent_more() -> None:
+    """The batch advice never pages and suggests max_num_seqs x 1.25."""
+    alert = _alerts(RulesConfig(max_num_seqs=128))["InferwatchBatchSizeAdvice"]
+    assert alert.severity == "info"
+    assert alert.labels["suggested_max_num_seqs"] == "160"
+    assert alert.expr.startswith("histogram_quantile(0.75,") and alert.expr.endswith("< 128")
+
+
+def test_batch_advice_off_with_zero() -> None:
+    """max_num_seqs = 0 turns the advice off."""
+    assert "InferwatchBatchSizeAdvice" not in _alerts(RulesConfig(max_num_seqs=0))
+
+
+def test_thresholds_and_durations_come_from_the_config() -> None:
+    """Changing a threshold and a for: duration changes the rule."""
+    alert = _alerts(RulesConfig(kv_cache_ratio=0.8, kv_cache_for_s=120))["InferwatchKVCacheNearlyFull"]
+    assert alert.expr.endswith("> 0.8") and alert.for_s == 120
