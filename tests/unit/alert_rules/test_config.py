@@ -39,7 +39,7 @@ def test_latency_threshold_on_a_bound_is_accepted() -> None:
 @pytest.mark.parametrize("objective", [99.9, 1.0, 0.0])
 def test_objective_is_a_ratio(objective: float) -> None:
     """The SLO objective is a ratio strictly between 0 and 1, never a percent."""
-    with pytest.raises(ConfigError, match="rules.slo_objective"):
+    with pytest.raises(ConfigError, match=r"rules\.slo_objective"):
         _build(slo_objective=objective)
 
 

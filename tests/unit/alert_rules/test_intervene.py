@@ -32,9 +32,12 @@ def test_every_condition_of_the_issue_has_an_alert() -> None:
 def test_sla_is_per_model_with_a_default_for_the_rest() -> None:
     """Each model in the SLA table gets its own 1.5 x SLA limit; the rest use the default."""
     expr = _alerts(RulesConfig(sla_seconds={"llama": 4.0, "qwen": 10.0}))["InferwatchLatencyAboveSLA"].expr
-    assert 'model_name="llama"' in expr and "> 6)" in expr
-    assert 'model_name="qwen"' in expr and "> 15)" in expr
-    assert 'model_name!="llama", model_name!="qwen"' in expr and "> 30)" in expr
+    assert 'model_name="llama"' in expr
+    assert "> 6)" in expr
+    assert 'model_name="qwen"' in expr
+    assert "> 15)" in expr
+    assert 'model_name!="llama", model_name!="qwen"' in expr
+    assert "> 30)" in expr
 
 
 def test_breaker_levels_and_actions() -> None:
@@ -42,9 +45,11 @@ def test_breaker_levels_and_actions() -> None:
     alerts = _alerts()
     degrade, rollback = alerts["InferwatchCircuitBreakerDegrade"], alerts["InferwatchCircuitBreakerRollback"]
     assert (degrade.severity, degrade.labels["action"]) == ("warning", "degrade")
-    assert "> 0.01)" in degrade.expr and "> 2)" in degrade.expr
+    assert "> 0.01)" in degrade.expr
+    assert "> 2)" in degrade.expr
     assert (rollback.severity, rollback.labels["action"]) == ("critical", "rollback")
-    assert rollback.expr.endswith("> 0.03") and rollback.keep_firing_for_s == 300
+    assert rollback.expr.endswith("> 0.03")
+    assert rollback.keep_firing_for_s == 300
 
 
 def test_long_context_reads_only_the_long_buckets() -> None:
@@ -62,13 +67,16 @@ def test_long_context_without_long_buckets_is_a_config_error() -> None:
 def test_upstream_down_uses_the_sidecar_gauge_not_up() -> None:
     """Prometheus' synthetic up is never used: the embedded evaluator has no such series."""
     expr = _alerts()["InferwatchUpstreamDown"].expr
-    assert expr.startswith(SCRAPE_UP.series) and not expr.startswith("up")
+    assert expr.startswith(SCRAPE_UP.series)
+    assert not expr.startswith("up")
 
 
 def test_oom_burst_counts_without_extrapolation() -> None:
     """The OOM burst counts max - min inside 10s and fires at 3 or more."""
     expr = _alerts()["InferwatchOOMBurst"].expr
-    assert "max_over_time(" in expr and "[10s]" in expr and expr.endswith(">= 3")
+    assert "max_over_time(" in expr
+    assert "[10s]" in expr
+    assert expr.endswith(">= 3")
 
 
 def test_batch_advice_is_info_and_suggests_25_percent_more() -> None:
@@ -76,7 +84,8 @@ def test_batch_advice_is_info_and_suggests_25_percent_more() -> None:
     alert = _alerts(RulesConfig(max_num_seqs=128))["InferwatchBatchSizeAdvice"]
     assert alert.severity == "info"
     assert alert.labels["suggested_max_num_seqs"] == "160"
-    assert alert.expr.startswith("histogram_quantile(0.75,") and alert.expr.endswith("< 128")
+    assert alert.expr.startswith("histogram_quantile(0.75,")
+    assert alert.expr.endswith("< 128")
 
 
 def test_batch_advice_off_with_zero() -> None:
@@ -87,4 +96,5 @@ def test_batch_advice_off_with_zero() -> None:
 def test_thresholds_and_durations_come_from_the_config() -> None:
     """Changing a threshold and a for: duration changes the rule."""
     alert = _alerts(RulesConfig(kv_cache_ratio=0.8, kv_cache_for_s=120))["InferwatchKVCacheNearlyFull"]
-    assert alert.expr.endswith("> 0.8") and alert.for_s == 120
+    assert alert.expr.endswith("> 0.8")
+    assert alert.for_s == 120

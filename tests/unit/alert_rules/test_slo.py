@@ -41,7 +41,8 @@ def test_long_windows_read_recorded_sums_not_raw_series() -> None:
     assert [r.record.rsplit("rate", 1)[1] for r in ratios] == ["5m", "30m", "1h", "6h", "3d"]
     for rule in ratios:
         assert REQUESTS.series not in rule.expr
-        assert slo.BAD_EVENTS in rule.expr and slo.EVENTS in rule.expr
+        assert slo.BAD_EVENTS in rule.expr
+        assert slo.EVENTS in rule.expr
 
 
 def test_page_alert_is_the_workbook_expression() -> None:
