@@ -233,7 +233,7 @@ class ArchiveWriter:
 
     def _open_segment(self) -> _OpenSegment:
         now = self._clock()
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f"{int(now * 1e6) % 1_000_000:06d}"
         self._sequence += 1
         name = f"{stamp}-{os.getpid()}-{self._sequence:04d}-{secrets.token_hex(3)}"
         self._segment = _OpenSegment(self.root, name, self._monotonic())

@@ -1,7 +1,8 @@
 """The request-record sink: sample, count, and queue kept records for a writer thread.
 
-``RecordSink.offer`` is the one place where records are counted: seen, kept by reason, dropped
-by reason (``inferwatch_log_records_*``). It never blocks: when the bounded queue is full the
+``RecordSink._admit`` (behind ``offer`` and ``put``) is the one place where records are counted:
+seen, kept by reason, dropped by reason (the ``LOG_RECORDS_*`` specs of
+``exporters.catalog.pipeline``). ``offer`` never blocks: when the bounded queue is full the
 record is dropped and counted as ``queue_full``. The writer thread owns the
 :class:`~log_pipeline.archive.ArchiveWriter`, closes frames on time even when no record arrives,
 and publishes the open segment on :meth:`RecordSink.close`.
