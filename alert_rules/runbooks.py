@@ -31,7 +31,7 @@ RUNBOOKS: dict[str, Runbook] = {
     "InferwatchRequestsSwapped": Runbook(
         "vLLM V0 keeps requests swapped out to CPU memory: the GPU KV cache cannot hold the running "
         "batch, so requests stall while their blocks move across PCIe.",
-        ("KV cache usage (`inferwatch_kv_cache_usage_ratio`) and running/waiting requests on the engine "
+        ("KV cache usage and running/waiting requests on the engine "
          "dashboard.", "Prompt length mix: did long prompts arrive (length_bucket panels)?"),
         (*_KV, _SHED),
     ),
