@@ -1,0 +1,100 @@
+"""Tests of exporters.collectors: families rendered from published snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporters.catalog import engine as ce
+from exporters.catalog import gpu as cg
+from exporters.collectors import (
+    EngineCollector,
+    EngineState,
+    GpuCollector,
+    SampledHistogram,
+    register_collectors,
+)
+from exporters.inflight import InFlightTokens
+from exporters.nvml import NvmlReader
+from exporters.vllm_parse import parse_exposition
+from tests.fakes.nvml import FakeNvml
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text) for s in fam.samples
+    }
+
+
+def test_engine_collector_renders_the_v0_view_with_swapped_requests() -> None:
+    """The V0 exposition renders running, waiting and swapped under one family, and KV blocks in use."""
+    snap = parse_exposition((DATA / "vllm_v0_0.6.6.prom").read_text())
+    registry = CollectorRegistry()
+    register_collectors(registry, EngineCollector(lambda: EngineState("u", snap, up=True)))
+    got = _samples(registry)
+    model = ("model_name", "llama-3-8b")
+    assert got[(ce.ENGINE_REQUESTS.name, (model, ("state", "swapped")))] == 1.0
+    assert got[(ce.ENGINE_PREEMPTIONS.series, (model,))] == 5.0
+    assert got[(ce.KV_BLOCKS_USED.name, (model,))] == 750.0
+    assert got[(ce.ENGINE_PREFILL_SHARE.name, (model,))] == 0.125
+    assert got[(ce.SCRAPE_UP.name, (("upstream", "u"),))] == 1.0
+
+
+def test_swapped_is_absent_rather_than_zero_on_v1() -> None:
+    """On V1, which never swaps, the swapped state is not exported at all."""
+    snap = parse_exposition((DATA / "vllm_v1_0.11.prom").read_text())
+    registry = CollectorRegistry()
+    register_collectors(registry, EngineCollector(lambda: EngineState("u", snap)))
+    states = {dict(k[1]).get("state") for k in _samples(registry) if k[0] == ce.ENGINE_REQUESTS.name}
+    assert states == {"running", "waiting"}
+
+
+def test_fragmentation_is_rendered_from_the_inflight_table() -> None:
+    """Two requests of 40 and 64 tokens in 32-token blocks render a fragmentation of 1 - 104/128."""
+    snap = parse_exposition((DATA / "vllm_v1_engine_0.32.prom").read_text())
+    inflight = InFlightTokens()
+    inflight.update("a", "tiny-llm", 40)
+    inflight.update("b", "tiny-llm", 64)
+    registry = CollectorRegistry()
+    register_collectors(registry, EngineCollector(lambda: EngineState("u", snap), inflight))
+    got = _samples(registry)
+    assert got[(ce.KV_FRAGMENTATION.name, (("model_name", "tiny-llm"),))] == 1 - 104 / 128
+    assert got[(ce.KV_INFLIGHT_BLOCKS.name, (("model_name", "tiny-llm"),))] == 4.0
+
+
+def test_sampled_histogram_is_cumulative() -> None:
+    """Observations of 1, 3 and 100 fill the buckets cumulatively with +Inf holding all three."""
+    hist = SampledHistogram((1, 2, 4))
+    for value in (1, 3, 100):
+        hist.observe("m", value)
+    assert hist.histograms()["m"].buckets == ((1, 1.0), (2, 1.0), (4, 2.0), (float("inf"), 3.0))
+
+
+def test_gpu_collector_keeps_serving_other_gpus_when_one_is_lost() -> None:
+    """A lost GPU exports gpu_up 0 and no readings; the others keep their memory series."""
+    fake = FakeNvml(8)
+    reader = NvmlReader(fake)
+    reader.open()
+    reader.read()
+    fake.lose(6)
+    snap = reader.read()
+    registry = CollectorRegistry()
+    register_collectors(registry, GpuCollector(lambda: snap, lambda: True))
+    got = _samples(registry)
+    up = {dict(k[1])["gpu"]: v for k, v in got.items() if k[0] == cg.GPU_UP.name}
+    assert up == {str(i): (0.0 if i == 6 else 1.0) for i in range(8)}
+    memory_gpus = {dict(k[1])["gpu"] for k in got if k[0] == cg.GPU_MEMORY_USED.name}
+    assert memory_gpus == {str(i) for i in range(8)} - {"6"}
+
+
+def test_gpu_collector_without_nvml_only_says_so() -> None:
+    """Without NVML the collector exports gpu_exporter_up 0 and nothing else."""
+    registry = CollectorRegistry()
+    register_collectors(registry, GpuCollector(lambda: None, lambda: False))
+    assert _samples(registry) == {(cg.GPU_EXPORTER_UP.name, ()): 0.0}

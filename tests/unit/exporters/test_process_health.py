@@ -1,0 +1,63 @@
+"""Tests of exporters.process_health: memory, restarts and OOM counting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from exporters.process_health import ProcessHealth, gpu_memory_of, is_oom_message
+
+
+@pytest.mark.parametrize(
+    ("body", "oom"),
+    [
+        pytest.param('{"error": "CUDA out of memory. Tried to allocate 2.00 GiB"}', True, id="CUDA OOM"),
+        pytest.param("torch.OutOfMemoryError: ...", True, id="torch exception name"),
+        pytest.param('{"object":"error","message":"OOM while allocating KV cache"}', True, id="OOM word"),
+        pytest.param('{"error": "model not found"}', False, id="other error"),
+        pytest.param("the room is zoomed", False, id="oom inside words"),
+    ],
+)
+def test_oom_messages_are_recognised(body: str, oom: bool) -> None:
+    """Out-of-memory error bodies are recognised and other errors are not."""
+    assert is_oom_message(body) is oom
+
+
+def test_oom_bodies_and_killed_exits_are_counted_by_source() -> None:
+    """An OOM body counts under response_body and an exit status 137 under exit_status."""
+    health = ProcessHealth(pid=os.getpid())
+    assert health.note_upstream_error_body("CUDA out of memory")
+    assert not health.note_upstream_error_body("bad request")
+    assert health.note_exit_status(137)
+    assert not health.note_exit_status(0)
+    assert dict(health.poll().oom_events) == {"response_body": 1, "exit_status": 1}
+
+
+def test_readiness_lost_and_regained_counts_one_restart() -> None:
+    """Ready, not ready, ready again is one restart; starting not-ready is not."""
+    health = ProcessHealth(pid=os.getpid())
+    for ready in (False, True, True, False, False, True):
+        health.note_readiness(ready)
+    assert dict(health.poll().restarts)["readiness"] == 1
+
+
+def test_own_process_is_found_with_its_memory() -> None:
+    """Watching this test's own pid finds it with a positive resident size."""
+    snap = ProcessHealth(pid=os.getpid()).poll()
+    assert snap.found
+    assert os.getpid() in snap.pids
+    assert (snap.rss_bytes or 0) > 0
+
+
+def test_a_missing_pid_is_reported_not_found() -> None:
+    """A pid that does not exist gives found=False and no memory, without raising."""
+    snap = ProcessHealth(pid=2**22 + 12345).poll()
+    assert not snap.found
+    assert snap.rss_bytes is None
+
+
+def test_gpu_memory_of_sums_only_the_upstream_pids() -> None:
+    """GPU memory sums the listed pids' usage and skips unknown (None) values."""
+    assert gpu_memory_of([1, 2], [(1, 100), (2, None), (3, 50), (2, 20)]) == 120
+    assert gpu_memory_of([9], [(1, 100)]) is None
