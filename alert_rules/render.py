@@ -57,9 +57,18 @@ def alerts(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENGTH_E
     return tuple(a for g in build_groups(config, length_edges) for a in g.alerts())
 
 
-def rule_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> dict[str, Any]:
-    """Every group as one Prometheus rule-file structure: ``{"groups": [...]}``."""
-    return {"groups": [g.to_dict() for g in build_groups(config, length_edges)]}
+def rule_groups(config: Any, length_edges: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """Every group as one Prometheus rule-file structure: ``{"groups": [...]}``.
+
+    ``config`` is a RulesConfig with ``length_edges``, or duck-typed settings with ``.rules`` and
+    ``.serve.length_bucket_edges`` (serving.config.Settings); nothing here imports serving.
+    """
+    if hasattr(config, "rules"):
+        if length_edges is None:
+            length_edges = tuple(config.serve.length_bucket_edges)
+        config = config.rules
+    edges = DEFAULT_LENGTH_EDGES if length_edges is None else tuple(length_edges)
+    return {"groups": [g.to_dict() for g in build_groups(config, edges)]}
 
 
 def rule_files(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> dict[str, dict[str, Any]]:

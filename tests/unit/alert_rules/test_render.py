@@ -109,3 +109,10 @@ def test_recording_names_are_declared_once() -> None:
     """The SLO recordings use the names slo.py declares."""
     recorded = {str(r["record"]) for r in _rules() if "record" in r}
     assert {slo.EVENTS, slo.BAD_EVENTS, slo.error_ratio_name(300)} <= recorded
+
+
+def test_rule_groups_accepts_settings_duck_typed() -> None:
+    """Settings-like objects (.rules and .serve.length_bucket_edges) give the same groups."""
+    from serving.config import defaults
+
+    assert render.rule_groups(defaults()) == render.rule_groups(RulesConfig(), EDGES)
