@@ -1,0 +1,295 @@
+"""Background watch of the upstream engine: /metrics scrapes, NVML polling, XID events, process health.
+
+Plug into the app with one line::
+
+    app.cleanup_ctx.append(engine_watch_ctx(settings, registry, inflight=app[INFLIGHT],
+                                            readiness=lambda: app[READINESS].last_ok))
+
+The context stores the :class:`EngineWatch` under ``app[ENGINE_WATCH]`` (latest raw scrape in
+``.latest_text``, parsed in ``.latest_snapshot``; ``.process.note_upstream_error_body(text)`` for the
+proxy). apscheduler runs the scrape on the event loop (aiohttp, with a timeout) and the NVML and
+psutil polls in worker threads, so nothing blocks the loop; the XID event thread is a daemon thread
+that stops within ``gpu.event_timeout_ms`` of shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from prometheus_client import CollectorRegistry
+
+from exporters import derive
+from exporters.catalog import engine as ce
+from exporters.collectors import (
+    EngineCollector,
+    EngineState,
+    GpuCollector,
+    ProcessCollector,
+    SampledHistogram,
+    register_collectors,
+)
+from exporters.errors import NvmlUnavailable
+from exporters.inflight import InFlightTokens
+from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher
+from exporters.process_health import ProcessHealth, ProcessSnapshot
+from exporters.vllm_parse import EMPTY, EngineSnapshot, parse_exposition
+from serving.config import Settings
+
+log = structlog.get_logger(__name__)
+
+
+def serving_watts(gpu: GpuSnapshot | None, selectors: list[str]) -> float | None:
+    """Summed power of the GPUs that serve the upstream (by UUID or index; all when empty)."""
+    if gpu is None:
+        return None
+    chosen = [
+        g for g in gpu.gpus
+        if g.up and g.power_watts is not None and (not selectors or g.uuid in selectors or str(g.index) in selectors)
+    ]
+    return sum(g.power_watts for g in chosen if g.power_watts is not None) if chosen else None
+
+
+class EngineWatch:
+    """Holds the latest engine, GPU and process snapshots and the jobs that refresh them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        inflight: InFlightTokens | None = None,
+        *,
+        nvml_module: Any = None,
+        readiness: Callable[[], bool | None] | None = None,
+        session_getter: Callable[[], aiohttp.ClientSession] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.inflight = inflight
+        self.upstream = settings.serve.upstream.rstrip("/")
+        self.url = self.upstream + settings.scrape.path
+        self.latest_text: str | None = None
+        self.latest_snapshot: EngineSnapshot = EMPTY
+        self.state = EngineState(self.upstream)
+        self.gpu: GpuSnapshot | None = None
+        self.gpu_available = False
+        self.process = ProcessHealth(settings.upstream_process.pid, settings.upstream_process.name_pattern)
+        self.process_snapshot: ProcessSnapshot | None = None
+        self._nvml_module = nvml_module
+        self._readiness = readiness
+        self._session_getter = session_getter
+        self._own_session: aiohttp.ClientSession | None = None
+        self._reader: NvmlReader | None = None
+        self._xid_stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+        self._failures: dict[str, int] = {}
+        self._parse_errors = 0
+        self._batch = SampledHistogram(ce.ENGINE_BATCH_REQUESTS.buckets or (1,))
+        self._previous: tuple[float, dict[str, float]] | None = None
+        self._scheduler: AsyncIOScheduler | None = None
+
+    # ---- registration --------------------------------------------------------------------------
+    def register(self, registry: CollectorRegistry) -> None:
+        """Register the engine, GPU and process collectors on the sidecar's registry."""
+        collectors: list[Any] = []
+        if self.settings.scrape.enabled:
+            collectors.append(EngineCollector(lambda: self.state, self.inflight))
+        if self.settings.gpu.enabled:
+            collectors.append(GpuCollector(lambda: self.gpu, lambda: self.gpu_available))
+        if self.process.enabled:
+            collectors.append(ProcessCollector(lambda: self.process_snapshot, lambda: self.gpu))
+        register_collectors(registry, *collectors)
+
+    # ---- scrape --------------------------------------------------------------------------------
+    def _session(self) -> aiohttp.ClientSession:
+        if self._session_getter is not None:
+            return self._session_getter()
+        if self._own_session is None or self._own_session.closed:
+            self._own_session = aiohttp.ClientSession()
+        return self._own_session
+
+    async def scrape_once(self) -> None:
+        """Fetch, parse and publish the upstream's /metrics once; failures are counted, never raised."""
+        started = time.perf_counter()
+        cfg = self.settings.scrape
+        reason: str | None = None
+        text: str | None = None
+        try:
+            timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
+            async with self._session().get(self.url, timeout=timeout) as response:
+                if response.status != 200:
+                    reason = "http_status"
+                else:
+                    body = await response.content.read(cfg.max_bytes + 1)
+                    if len(body) > cfg.max_bytes:
+                        reason = "too_large"
+                    else:
+                        text = body.decode("utf-8", errors="replace")
+        except TimeoutError:
+            reason = "timeout"
+        except aiohttp.ClientConnectionError:
+            reason = "connect"
+        except aiohttp.ClientError:
+            reason = "error"
+        if text is not None:
+            self._publish(text, time.perf_counter() - started)
+        else:
+            self._fail(reason or "error", time.perf_counter() - started)
+
+    def _fail(self, reason: str, duration: float) -> None:
+        self._failures[reason] = self._failures.get(reason, 0) + 1
+        log.debug("upstream_scrape_failed", url=self.url, reason=reason)
+        self.state = EngineState(
+            self.upstream, self.latest_snapshot, False, duration, tuple(sorted(self._failures.items())),
+            self._parse_errors, self.state.last_success_timestamp, self.state.tokens_per_joule,
+            self._batch.histograms(),
+        )
+
+    def _publish(self, text: str, duration: float) -> None:
+        snapshot = parse_exposition(text)
+        self._parse_errors += snapshot.parse_errors
+        views = derive.model_views(snapshot)
+        for view in views:
+            if view.running is not None:
+                self._batch.observe(view.model, view.running)
+        tpj = self._tokens_per_joule(views)
+        self.latest_text, self.latest_snapshot = text, snapshot
+        self.state = EngineState(
+            self.upstream, snapshot, True, duration, tuple(sorted(self._failures.items())), self._parse_errors,
+            time.time(), tpj, self._batch.histograms(),
+        )
+
+    def _tokens_per_joule(self, views: list[derive.ModelView]) -> tuple[tuple[str, float], ...]:
+        now = time.monotonic()
+        tokens = {v.model: v.generation_tokens for v in views if v.generation_tokens is not None}
+        previous, self._previous = self._previous, (now, tokens)
+        watts = serving_watts(self.gpu, list(self.settings.gpu.serving_gpus))
+        if previous is None or watts is None:
+            return ()
+        then, before = previous
+        out = []
+        for model, count in sorted(tokens.items()):
+            value = derive.tokens_per_joule(before.get(model), count, now - then, watts)
+            if value is not None:
+                out.append((model, value))
+        return tuple(out)
+
+    # ---- GPU -----------------------------------------------------------------------------------
+    def open_gpu(self) -> bool:
+        """Initialise NVML; on failure log one line and leave the GPU exporter disabled."""
+        try:
+            module = self._nvml_module or importlib.import_module("pynvml")
+            reader = NvmlReader(module)
+            reader.open()
+        except (NvmlUnavailable, ImportError) as err:
+            log.warning("gpu_exporter_disabled", reason=str(err))
+            return False
+        self._reader, self.gpu_available = reader, True
+        self.gpu = reader.read()
+        return True
+
+    def poll_gpu(self) -> None:
+        """One NVML collection (call from a worker thread)."""
+        if self._reader is not None:
+            self.gpu = self._reader.read()
+
+    def start_xid_thread(self) -> None:
+        """Start the daemon thread that counts XID events."""
+        if self._reader is None or not self.settings.gpu.xid_events:
+            return
+        watcher = XidWatcher(self._reader, self.settings.gpu.event_timeout_ms)
+        self._xid_thread = threading.Thread(
+            target=watcher.run, args=(self._xid_stop,), name="inferwatch-xid", daemon=True
+        )
+        self._xid_thread.start()
+
+    # ---- process -------------------------------------------------------------------------------
+    def poll_process(self) -> None:
+        """One process-health reading (call from a worker thread)."""
+        if self._readiness is not None:
+            ready = self._readiness()
+            if ready is not None:
+                self.process.note_readiness(ready)
+        self.process_snapshot = self.process.poll()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every job; the first scrape and readings happen before this returns."""
+        loop = asyncio.get_running_loop()
+        scheduler = AsyncIOScheduler()
+        jobs = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        if self.settings.scrape.enabled:
+            scheduler.add_job(self._safe_scrape, "interval", seconds=self.settings.scrape.interval_s,
+                              id="engine_scrape", **jobs)
+        if self.settings.gpu.enabled and await loop.run_in_executor(None, self.open_gpu):
+            self.start_xid_thread()
+            scheduler.add_job(self._in_thread, "interval", args=[self.poll_gpu],
+                              seconds=self.settings.gpu.interval_s, id="gpu_poll", **jobs)
+        if self.process.enabled:
+            scheduler.add_job(self._in_thread, "interval", args=[self.poll_process],
+                              seconds=self.settings.upstream_process.interval_s, id="process_poll", **jobs)
+            await self._in_thread(self.poll_process)
+        scheduler.start()
+        self._scheduler = scheduler
+        if self.settings.scrape.enabled:
+            await self._safe_scrape()
+
+    async def _safe_scrape(self) -> None:
+        try:
+            await self.scrape_once()
+        except Exception:
+            log.exception("upstream_scrape_crashed", url=self.url)
+
+    async def _in_thread(self, job: Callable[[], None]) -> None:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, job)
+        except Exception:
+            log.exception("background_poll_crashed", job=getattr(job, "__name__", "job"))
+
+    async def stop(self) -> None:
+        """Stop the jobs, the XID thread, NVML and the own client session."""
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=False)
+            self._scheduler = None
+        self._xid_stop.set()
+        if self._xid_thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._xid_thread.join, 5.0)
+        if self._reader is not None:
+            self._reader.close()
+        if self._own_session is not None:
+            await self._own_session.close()
+
+
+ENGINE_WATCH = web.AppKey("engine_watch", EngineWatch)
+
+
+def engine_watch_ctx(
+    settings: Settings,
+    registry: CollectorRegistry,
+    session_getter: Callable[[], aiohttp.ClientSession] | None = None,
+    inflight: InFlightTokens | None = None,
+    *,
+    readiness: Callable[[], bool | None] | None = None,
+    nvml_module: Any = None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """An aiohttp ``cleanup_ctx`` factory: builds, registers, starts and finally stops an EngineWatch."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        watch = EngineWatch(
+            settings, inflight, nvml_module=nvml_module, readiness=readiness, session_getter=session_getter
+        )
+        watch.register(registry)
+        app[ENGINE_WATCH] = watch
+        await watch.start()
+        yield
+        with contextlib.suppress(Exception):
+            await watch.stop()
+
+    return ctx
