@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 
@@ -15,23 +14,27 @@ class InFlight:
 
 
 class InFlightTokens:
-    """A small thread-safe table ``request key -> InFlight``; the proxy updates, collectors read copies."""
+    """A table ``request key -> [model, tokens]``; the proxy updates it on every usage chunk.
+
+    It sits on the streaming hot path, so updates are a dict lookup and an item store, with no
+    lock: each operation is a single atomic step under the GIL, and readers take a copy.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._table: dict[str, InFlight] = {}
+        self._table: dict[str, list[object]] = {}
 
     def update(self, key: str, model: str, tokens: int) -> None:
         """Set the token count of a request (called on start and on every usage chunk)."""
-        with self._lock:
-            self._table[key] = InFlight(model, tokens)
+        entry = self._table.get(key)
+        if entry is None:
+            self._table[key] = [model, tokens]
+        else:
+            entry[1] = tokens
 
     def remove(self, key: str) -> None:
         """Forget a finished request."""
-        with self._lock:
-            self._table.pop(key, None)
+        self._table.pop(key, None)
 
     def snapshot(self) -> list[InFlight]:
         """A copy of the current entries."""
-        with self._lock:
-            return list(self._table.values())
+        return [InFlight(str(model), int(tokens)) for model, tokens in list(self._table.values())]  # type: ignore[call-overload]

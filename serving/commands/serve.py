@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         f"(metrics at http://{settings.serve.listen}/metrics)",
         file=sys.stderr, flush=True,
     )
+    import uvloop
+
     web.run_app(app, host=host, port=int(port), print=None, handler_cancellation=True,
-                access_log=None, shutdown_timeout=5)
+                access_log=None, shutdown_timeout=5, loop=uvloop.new_event_loop())
     return 0

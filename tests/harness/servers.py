@@ -1,0 +1,32 @@
+"""The test harness's view of the server launchers (serving/launcher.py, shared with `make demo`)."""
+
+from serving.launcher import (
+    ALERTMANAGER,
+    AMTOOL,
+    PROMETHEUS,
+    PROMTOOL,
+    REPO,
+    VLLM_VENV,
+    AlertmanagerServer,
+    ManagedProcess,
+    PrometheusServer,
+    ServerUnavailable,
+    SidecarServer,
+    VllmServer,
+    build_tiny_model,
+    free_port,
+    http_status,
+    require_binary,
+    start_alertmanager,
+    start_prometheus,
+    start_sidecar,
+    start_vllm,
+    vllm_python,
+)
+
+__all__ = [
+    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "VLLM_VENV", "AlertmanagerServer",
+    "ManagedProcess", "PrometheusServer", "ServerUnavailable", "SidecarServer", "VllmServer", "build_tiny_model",
+    "free_port", "http_status", "require_binary", "start_alertmanager", "start_prometheus", "start_sidecar",
+    "start_vllm", "vllm_python",
+]
