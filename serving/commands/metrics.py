@@ -1,11 +1,66 @@
-"""`inferwatch metrics ...` subcommands."""
+"""`inferwatch metrics derive FILE [--json]`: the normalized engine view of a saved vLLM /metrics text."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+from exporters.errors import ConfigError
+
+_FIELDS = (
+    ("generation", "generation"), ("models", "models"), ("engines", "engines"), ("running", "running"),
+    ("waiting", "waiting"), ("swapped", "swapped"), ("preemptions", "preemptions"),
+    ("kv_usage", "KV usage"), ("blocks_total", "blocks total"), ("blocks_used", "blocks used"),
+    ("block_size", "block size"), ("capacity_tokens", "capacity tokens"),
+    ("prefix_hit_ratio", "prefix hit ratio"), ("prefill_seconds", "prefill seconds"),
+    ("decode_seconds", "decode seconds"), ("prefill_share", "prefill share"),
+    ("parse_errors", "parse errors"), ("unknown_families", "unknown families"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `metrics` command group."""
-    parser = subparsers.add_parser("metrics", help="(not yet implemented)")
-    parser.set_defaults(func=lambda _args: 2)
+    parser = subparsers.add_parser("metrics", help="Work with vLLM /metrics expositions.")
+    sub = parser.add_subparsers(dest="metrics_command", metavar="SUBCOMMAND", required=True)
+    derive = sub.add_parser(
+        "derive", help="Print the normalized view (generation, requests, KV blocks, prefix hits, "
+        "prefill/decode time) of one saved vLLM /metrics text ('-' reads stdin).",
+    )
+    derive.add_argument("file", metavar="FILE")
+    derive.add_argument("--json", action="store_true", help="One JSON object; null where the text does not say.")
+    derive.set_defaults(func=_derive)
+
+
+def _read(name: str) -> str:
+    if name == "-":
+        return sys.stdin.read()
+    try:
+        return Path(name).read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ConfigError("FILE", f"cannot be read: {err.strerror or err}", name) from err
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "-"
+    return str(value)
+
+
+def _derive(args: argparse.Namespace) -> int:
+    from exporters.derive import normalized
+    from exporters.vllm_parse import parse_exposition
+
+    view = normalized(parse_exposition(_read(args.file)))
+    if args.json:
+        print(json.dumps(view, sort_keys=False))
+    else:
+        width = max(len(label) for _, label in _FIELDS)
+        for key, label in _FIELDS:
+            print(f"{label:<{width}}  {_show(view[key])}")
+    return 0 if view["generation"] is not None else 1
