@@ -76,7 +76,7 @@ class RulesConfig:
     service: str = setting(
         "vllm", "Value of the `service` label put on every alert (Alertmanager groups and inhibits by it)."
     )
-    severity_overrides: dict[str, str] = setting(  # noqa: RUF009 -- setting() copies mutable defaults
+    severity_overrides: dict[str, str] = setting(
         {}, "Alert name -> severity (critical, warning or info) replacing the built-in one.",
         check=_severity_table,
     )
@@ -92,7 +92,7 @@ class RulesConfig:
         check=_whole_seconds,
     )
     # Latency against the SLA.
-    sla_seconds: dict[str, float] = setting(  # noqa: RUF009 -- setting() copies mutable defaults
+    sla_seconds: dict[str, float] = setting(
         {}, "Model name -> end-to-end latency SLA in seconds; other models use sla_default_s.",
         check=_positive_table,
     )
@@ -188,7 +188,7 @@ class RulesConfig:
         "Runbook link of an alert; {anchor} is replaced by the lower-cased alert name.",
         check=_anchor_pattern,
     )
-    alertmanager_receivers: dict[str, str] = setting(  # noqa: RUF009 -- setting() copies mutable defaults
+    alertmanager_receivers: dict[str, str] = setting(
         {"page": "http://127.0.0.1:9095/page", "ticket": "http://127.0.0.1:9095/ticket",
          "info": "http://127.0.0.1:9095/info"},
         "Webhook URL of each Alertmanager receiver (page, ticket, info); empty = a silent receiver.",
