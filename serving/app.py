@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -14,8 +15,12 @@ from prometheus_client import CollectorRegistry
 from exporters.inflight import InFlightTokens
 from exporters.records import RequestRecord
 from exporters.request_metrics import RequestMetrics
+from log_pipeline.records import event_from_record
+from log_pipeline.sampling import SPAN_ATTRIBUTE
+from log_pipeline.sink import RecordSink
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
+from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy
 from serving.tracing import Tracing
 
@@ -30,6 +35,7 @@ METRICS = web.AppKey("request_metrics", RequestMetrics)
 READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
+SINK = web.AppKey("record_sink", RecordSink)
 
 
 def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
@@ -46,19 +52,37 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     def observe_metrics(record: RequestRecord, _span: Span) -> None:
         metrics.observe(record)
 
-    observers: list[Observer] = [observe_metrics]
+    sink = RecordSink(settings.logs, registry)
+    app[SINK] = sink
+
+    def observe_logs(record: RequestRecord, span: Span) -> None:
+        event = event_from_record(record, sla_s=settings.rules.sla_for(record.model),
+                                  capture_prompt_hash=settings.logs.capture_prompt_hash)
+        decision = sink.decide(event)
+        span.set_attribute(SPAN_ATTRIBUTE, decision.keep)
+        sink.offer(event, decision)
+
+    def observe_health(record: RequestRecord, _span: Span) -> None:
+        if record.outcome.is_error and record.error_message and ENGINE_WATCH in app:
+            app[ENGINE_WATCH].process.note_upstream_error_body(record.error_message)
+
+    observers: list[Observer] = [observe_metrics, observe_logs, observe_health]
     app[OBSERVERS] = observers
 
     def session() -> aiohttp.ClientSession:
         return app[SESSION]
 
-    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT])
+    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT],
+                  capture_prompt_hash=settings.logs.capture_prompt_hash)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
     app[READINESS] = readiness
     app[PROXY] = proxy
 
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_record_sink)
     app.cleanup_ctx.append(_readiness_job)
+    app.cleanup_ctx.append(engine_watch_ctx(settings, registry, session, app[INFLIGHT],
+                                            readiness=lambda: readiness.last_ok))
     app.on_cleanup.append(_shutdown_tracing)
 
     app.router.add_get("/metrics", metrics_handler(registry))
@@ -74,6 +98,14 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
         app[SESSION] = session
         yield
+
+
+async def _record_sink(app: web.Application) -> AsyncIterator[None]:
+    """Start the log writer thread; at shutdown flush it (off the loop) so kept records are not lost."""
+    sink = app[SINK]
+    sink.start()
+    yield
+    await asyncio.get_running_loop().run_in_executor(None, sink.close, 5.0)
 
 
 async def _readiness_job(app: web.Application) -> AsyncIterator[None]:

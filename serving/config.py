@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from alert_rules.config import RulesConfig
+from alert_rules.engine_config import EngineConfig
 from dashboards.config import DashboardConfig
 from exporters.config import GpuConfig, ProcessConfig, ScrapeConfig
 from exporters.configuring import FieldDoc, field_docs, from_mapping, increasing, positive, setting
@@ -80,6 +81,7 @@ SECTIONS: dict[str, type] = {
     "upstream_process": ProcessConfig,
     "logs": LogConfig,
     "rules": RulesConfig,
+    "rule_engine": EngineConfig,
     "dashboards": DashboardConfig,
 }
 
@@ -95,6 +97,7 @@ class Settings:
     upstream_process: ProcessConfig
     logs: LogConfig
     rules: RulesConfig
+    rule_engine: EngineConfig
     dashboards: DashboardConfig
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -54,6 +55,21 @@ def error_body(message: str, kind: str, status: int, **extra: Any) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status, **extra}}).encode()
 
 
+def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
+    """Store a short SHA-256 of the prompt (or messages) and its length in characters, never the text."""
+    prompt = payload.get("messages", payload.get("prompt"))
+    if prompt is None:
+        return
+    if isinstance(prompt, list):
+        text = "".join(
+            str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in prompt
+        )
+    else:
+        text = str(prompt)
+    record.prompt_hash = hashlib.sha256(orjson.dumps(prompt)).hexdigest()[:16]
+    record.prompt_chars = len(text)
+
+
 @dataclass
 class ProxyState:
     """Mutable state shared by the requests of one proxy."""
@@ -72,6 +88,7 @@ class Proxy:
         observers: list[Observer],
         inflight: InFlightTokens,
         live_usage: bool = True,
+        capture_prompt_hash: bool = False,
     ) -> None:
         self._config = config
         self._session = session
@@ -79,6 +96,7 @@ class Proxy:
         self._observers = observers
         self._inflight = inflight
         self._live_usage = live_usage
+        self._capture_prompt_hash = capture_prompt_hash
         self._upstream = config.upstream.rstrip("/")
         self._edges = tuple(config.length_bucket_edges)
         self._timeout = aiohttp.ClientTimeout(
@@ -127,6 +145,8 @@ class Proxy:
                                     trace_headers)
             requested_model = payload.get("model") if isinstance(payload.get("model"), str) else None
             stream = bool(payload.get("stream"))
+            if self._capture_prompt_hash:
+                prompt_hash(payload, record)
             if stream:
                 options = payload.get("stream_options")
                 options = dict(options) if isinstance(options, dict) else {}
