@@ -3,12 +3,68 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from exporters.configuring import setting
+from exporters.configuring import one_of, positive, setting
+
+TRACE_BACKENDS = ("jaeger", "tempo")
+
+
+def _uid_part(value: Any) -> str | None:
+    if not value or len(value) > 24 or not all(c.isalnum() or c in "-_" for c in value):
+        return "must be 1-24 letters, digits, '-' or '_' (Grafana uids are at most 40 characters)"
+    return None
+
+
+def _http_url(value: Any) -> str | None:
+    return None if value.startswith(("http://", "https://")) else "must be an http:// or https:// URL"
+
+
+def _relative_time(value: Any) -> str | None:
+    return None if value.startswith("now") else "must be a Grafana relative time such as now-1h"
+
+
+def _tags(value: Any) -> str | None:
+    return None if all(isinstance(t, str) and t for t in value) else "must be a list of non-empty strings"
 
 
 @dataclass(frozen=True, slots=True)
 class DashboardConfig:
-    """Section ``[dashboards]``: Grafana boards."""
+    """Section ``[dashboards]``: Grafana boards and the provisioning files written with them."""
 
-    uid_prefix: str = setting("inferwatch", "Prefix of every dashboard uid.")
+    uid_prefix: str = setting("inferwatch", "Prefix of every dashboard uid.", check=_uid_part)
+    tags: list[str] = setting(["inferwatch", "llm-serving"], "Tags put on every dashboard.", check=_tags)
+    folder: str = setting("inferwatch", "Grafana folder the provisioned dashboards land in.")
+    refresh: str = setting("30s", "Auto-refresh interval of every dashboard.")
+    time_from: str = setting("now-1h", "Start of the default time range.", check=_relative_time)
+    datasource_name: str = setting("Prometheus", "Name of the provisioned Prometheus data source.")
+    datasource_uid: str = setting(
+        "inferwatch-prometheus", "Uid of the provisioned Prometheus data source.", check=_uid_part
+    )
+    prometheus_url: str = setting(
+        "http://prometheus:9090", "URL Grafana reaches Prometheus at (the compose service by default).",
+        check=_http_url,
+    )
+    trace_backend: str = setting(
+        "jaeger", "Trace backend the exemplar links open: jaeger or tempo.", check=one_of(*TRACE_BACKENDS)
+    )
+    trace_datasource_uid: str = setting(
+        "inferwatch-traces", "Uid of the provisioned trace data source.", check=_uid_part
+    )
+    trace_url: str = setting(
+        "http://jaeger:16686", "URL Grafana reaches the trace backend's query API at.", check=_http_url
+    )
+    exemplar_label: str = setting(
+        "trace_id", "Exemplar label that holds the trace id (the sidecar writes trace_id)."
+    )
+    sidecar_job: str = setting("inferwatch", "Prometheus job name that scrapes the sidecar.")
+    vllm_job: str = setting("vllm", "Prometheus job name that scrapes vLLM directly.")
+    prometheus_job: str = setting("prometheus", "Prometheus job name of Prometheus scraping itself.")
+    grafana_dashboards_path: str = setting(
+        "/var/lib/grafana/dashboards/inferwatch",
+        "Directory inside Grafana that the dashboard provider reads (where the compose file mounts them).",
+    )
+    panel_height: int = setting(8, "Height of a panel, in Grafana grid rows.", check=positive)
+
+
+__all__ = ["TRACE_BACKENDS", "DashboardConfig"]

@@ -1,0 +1,81 @@
+"""What every board shares: template variables, links, annotations and the dashboard itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grafanalib import core
+
+from dashboards import external
+from dashboards.config import DashboardConfig
+from dashboards.panels import DATASOURCE, Row, Spec, layout
+from exporters.catalog import gpu, request, vllm
+
+ON_TIME_RANGE_CHANGE = 2
+
+
+def variables() -> list[core.Template]:
+    """Every template variable, in the order they appear: datasource, model_name, engine, gpu."""
+    return [
+        core.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
+                      includeAll=False, multi=False),
+        core.Template(
+            name="model_name", label="Model", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
+            query=f"label_values({request.REQUESTS.series}, model_name)", refresh=ON_TIME_RANGE_CHANGE,
+            default="$__all",
+        ),
+        core.Template(
+            name="engine", label="Engine", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
+            query=f'label_values({vllm.NUM_REQUESTS_RUNNING.series}{{model_name=~"$model_name"}}, engine)',
+            refresh=ON_TIME_RANGE_CHANGE, default="$__all",
+        ),
+        core.Template(
+            name="gpu", label="GPU", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
+            query=f"label_values({gpu.GPU_INFO.series}, gpu)", refresh=ON_TIME_RANGE_CHANGE, default="$__all",
+        ),
+    ]
+
+
+def _used(name: str, items: Sequence[Spec | Row]) -> bool:
+    token = f"${name}"
+    return any(token in q.expr for item in items if isinstance(item, Spec) for q in item.queries)
+
+
+def templating(items: Sequence[Spec | Row]) -> core.Templating:
+    """The datasource variable and those other variables that the board's queries use."""
+    chosen = []
+    for template in variables():
+        if template.name == "datasource" or _used(template.name, items):
+            chosen.append(template)
+    names = {t.name for t in chosen}
+    if "engine" in names and "model_name" not in names:
+        chosen = [t for t in variables() if t.name in {*names, "model_name"}]
+    return core.Templating(list=chosen)
+
+
+def annotations() -> core.Annotations:
+    """Firing alerts as annotations on every time-series panel."""
+    return core.Annotations(list=[{
+        "datasource": DATASOURCE, "enable": True, "hide": False, "iconColor": "red",
+        "name": "Alerts firing", "expr": f'{external.ALERTS.name}{{alertstate="firing"}}',
+        "step": "60s", "titleFormat": "{{alertname}}", "tagKeys": "severity,model_name",
+        "useValueForTime": False,
+    }])
+
+
+def dashboard(config: DashboardConfig, key: str, title: str, description: str,
+              items: Sequence[Spec | Row]) -> core.Dashboard:
+    """A board with the house settings: stable uid ``<prefix>-<key>``, tags, links to its siblings."""
+    links = [core.DashboardLink(
+        title="inferwatch", type="dashboards", tags=list(config.tags[:1]), asDropdown=True,
+        includeVars=True, keepTime=True,
+    )]
+    return core.Dashboard(
+        title=title, uid=f"{config.uid_prefix}-{key}", description=description, tags=list(config.tags),
+        panels=layout(items, config.panel_height), templating=templating(items), annotations=annotations(),
+        links=links, editable=False, refresh=config.refresh, time=core.Time(config.time_from, "now"),
+        graphTooltip=1, timezone="browser",
+    ).auto_panel_ids()
+
+
+__all__ = ["annotations", "dashboard", "templating", "variables"]

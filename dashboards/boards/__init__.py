@@ -1,0 +1,10 @@
+"""The four boards, one module each, each with ``build(config, rules_config)``."""
+
+from __future__ import annotations
+
+from dashboards.boards import engine, gpu, pipeline, slo
+
+BOARDS = {"slo": slo, "engine": engine, "gpu": gpu, "pipeline": pipeline}
+"""Board key (the uid suffix and file name) -> module."""
+
+__all__ = ["BOARDS"]

@@ -1,0 +1,105 @@
+"""vLLM engine and KV cache: scheduler state, preemption, KV pressure, prefix cache, batch shape.
+
+Every one of the 39 families a vLLM 0.32 server exports by default appears on this board, next to
+the sidecar's normalised view (DP engines summed, KV blocks and fragmentation derived).
+"""
+
+from __future__ import annotations
+
+from grafanalib import core
+
+from alert_rules.config import RulesConfig
+from dashboards import queries as q
+from dashboards.board import dashboard
+from dashboards.config import DashboardConfig
+from dashboards.panels import Row, Spec, heatmap, stat, table, timeseries
+
+TITLE = "vLLM engine and KV cache"
+
+
+def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
+    """The board's rows and panels, in order."""
+    kv_levels = [("green", None), ("red", rules.kv_cache_ratio)]
+    return [
+        Row("Scheduler"),
+        timeseries("Requests by state", "Requests inside the engine: running, waiting and (vLLM V0 only) swapped, "
+                   "summed over data-parallel engines. The dashed line is the queue alert's threshold.",
+                   "short", q.engine_requests(), thresholds=[("green", None), ("red", rules.queue_waiting)],
+                   lines=True),
+        timeseries("Running and waiting per engine", "vLLM's own running and waiting gauges, per engine.", "short",
+                   q.vllm_running_waiting()),
+        timeseries("Queue depth by reason", "Waiting requests by reason: capacity (no room in the batch or KV "
+                   "cache) or deferred.", "short", q.waiting_by_reason()),
+        timeseries("Queue time", "p50, p90, p99 of the time requests waited before first being scheduled.", "s",
+                   q.queue_time()),
+        timeseries("Admission rejections", "Requests per second rejected with 503 by vLLM's queue limits, by "
+                   "limit.", "reqps", q.admission_rejections()),
+        timeseries("Finished requests by reason", "Requests per second finished by vLLM, by finished_reason.",
+                   "reqps", q.engine_finished()),
+        Row("Preemption"),
+        timeseries("Preemptions per second", "Running requests preempted (KV cache full): the sidecar's sum over "
+                   "engines and vLLM's per-engine counter.", "ops", q.preemptions(), width=12),
+        timeseries("Preemptions per request", "p90 and p99 of how often a finished request was preempted.", "short",
+                   q.preemptions_per_request(), width=12),
+        Row("KV cache"),
+        timeseries("KV cache usage", "Share of GPU KV-cache blocks in use (the sidecar's block-weighted view and "
+                   "vLLM's per-engine gauge); the dashed line is the KV alert's threshold.", "percentunit",
+                   q.kv_usage(), thresholds=kv_levels, lines=True, min_value=0, max_value=1),
+        timeseries("KV blocks used and total", "KV-cache blocks in use against blocks allocated, and the sidecar's "
+                   "estimate of blocks held by requests in flight.", "short", q.kv_blocks()),
+        timeseries("KV block fragmentation", "Estimated internal fragmentation of the blocks held by in-flight "
+                   "requests: 1 - tokens / (blocks x block size). Absent with nothing in flight.", "percentunit",
+                   q.kv_fragmentation(), min_value=0, max_value=1),
+        timeseries("KV capacity and tokens in flight", "Tokens the KV cache can hold, tokens held by requests in "
+                   "flight, and tokens per block.", "short", q.kv_tokens()),
+        table("Cache configuration", "vLLM's cache_config_info per engine: block size, GPU blocks, KV tokens.",
+              "none", q.cache_config()),
+        Row("Prefix cache"),
+        timeseries("Prefix-cache hit ratio", "Share of looked-up prompt tokens found in the prefix cache: local over "
+                   "the rate window, local since start, and through a KV connector.", "percentunit",
+                   q.prefix_cache_hit_ratio(), min_value=0, max_value=1),
+        timeseries("Cached prompt tokens", "Prompt tokens per second skipped in prefill by cache tier, and prompt "
+                   "tokens by where their KV came from.", "short", q.cached_prompt_tokens()),
+        timeseries("Multimodal cache", "Multimodal cache queries and hits per second (items).", "ops",
+                   q.multimodal_cache()),
+        Row("Prefill and decode"),
+        timeseries("Prefill against decode time", "Seconds of request time per second spent in prefill and in "
+                   "decode (summed over engines).", "s", q.prefill_decode_time(), stacked=True),
+        timeseries("Prefill and decode share", "Share of request time in prefill and in decode since the engine "
+                   "started.", "percentunit", q.prefill_decode_share(), min_value=0, max_value=1),
+        timeseries("Request phases", "p90 of each request phase as vLLM measures it: prefill, decode and "
+                   "inference (scheduled to last token).", "s", q.phase_latency()),
+        timeseries("Engine-side latency", "vLLM's own p90 TTFT, inter-token latency, time per output token and "
+                   "end-to-end latency.", "s", q.engine_latency()),
+        timeseries("Engine tokens per second", "Prompt and generated tokens per second as the engine counts "
+                   "them.", "short", q.engine_tokens()),
+        timeseries("Estimated FLOPs and bytes", "vLLM's estimated FLOPs and bytes read and written per GPU per "
+                   "second (non-zero with --enable-mfu-metrics).", "short", q.mfu()),
+        Row("Batch shape"),
+        heatmap("Tokens per engine step", "Batch size in tokens: computed prompt plus generated tokens per engine "
+                "step (vLLM's iteration histogram).", "short", q.step_tokens_heatmap()),
+        heatmap("Running requests per scrape", "Batch size in requests: running requests sampled at each scrape of "
+                "the upstream.", "short", q.batch_requests_heatmap()),
+        timeseries("Tokens per step", "p50 and p90 tokens per engine step, summed over engines.", "short",
+                   q.step_tokens()),
+        timeseries("Request sizes", "p90 of per-request sizes: prompt, generated, most generated of n, the "
+                   "max_tokens asked for and prompt tokens actually computed in prefill.", "short",
+                   q.request_shape()),
+        timeseries("Sequences per request", "p90 of the n parameter per finished request.", "short", q.request_n()),
+        Row("Cold starts and readiness"),
+        timeseries("Readiness", "1 when the sidecar's readiness probe of vLLM succeeded, when the engine is awake "
+                   "and when Prometheus scraped vLLM.", "short", q.readiness(config.vllm_job), min_value=0,
+                   max_value=1),
+        stat("Engine restarts", "Cold starts in the time range: resets of vLLM's finished-request counter.",
+             "short", q.cold_starts(), width=4, thresholds=[("green", None), ("orange", 1.0)]),
+        timeseries("Upstream process memory", "Resident and GPU memory of the vLLM processes.", "bytes",
+                   q.process_memory(), width=8),
+        table("Engine generation", "The vLLM metrics generation detected and the number of data-parallel engines.",
+              "none", q.engine_info(), width=4),
+    ]
+
+
+def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+    """The engine and KV cache board."""
+    return dashboard(config, "engine", TITLE, "vLLM scheduler, preemption, KV cache, prefix cache, prefill and "
+                     "decode, batch shape and readiness, from vLLM's /metrics and the sidecar.", items(config, rules))

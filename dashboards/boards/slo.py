@@ -1,0 +1,78 @@
+"""LLM serving — SLOs and traffic: what users get, against the objectives the alerts enforce."""
+
+from __future__ import annotations
+
+from grafanalib import core
+
+from alert_rules.config import RulesConfig
+from alert_rules.windows import WINDOW_PAIRS
+from dashboards import queries as q
+from dashboards.board import dashboard
+from dashboards.config import DashboardConfig
+from dashboards.panels import Row, Spec, stat, timeseries
+
+TITLE = "LLM serving — SLOs and traffic"
+
+
+def items(rules: RulesConfig) -> list[Spec | Row]:
+    """The board's rows and panels, in order."""
+    objective = rules.slo_objective
+    factors = sorted({float(p.factor(rules.slo_period_days)) for p in WINDOW_PAIRS})
+    burn_levels = [("green", None), *[(c, f) for c, f in zip(("yellow", "orange", "red"), factors, strict=False)]]
+    return [
+        Row("SLOs"),
+        stat("SLO compliance", f"Share of good events over the {rules.slo_period_days}-day SLO period, per model "
+             f"and SLO (availability, latency); the objective is {objective * 100:g} %.", "percentunit",
+             q.slo_compliance(rules), width=6, thresholds=[("red", None), ("green", objective)]),
+        stat("Error budget left", "Share of the error budget not yet spent over the SLO period: 1 - error ratio / "
+             "(1 - objective). Below 0 the SLO is missed.", "percentunit", q.error_budget_left(rules), width=6,
+             thresholds=[("red", None), ("orange", 0.0), ("green", 0.25)]),
+        timeseries("Burn rate by window", "Error ratio divided by the error budget over each window the burn-rate "
+                   "alerts use; the dashed lines are the alerts' burn-rate factors (page and ticket).", "none",
+                   q.burn_rates(rules), width=8, thresholds=burn_levels, lines=True),
+        stat("Alerts firing", "Alerts Prometheus has firing now (0 when none is pending or firing).", "short",
+             q.alerts_firing(), width=4, thresholds=[("green", None), ("red", 1.0)]),
+        Row("Traffic and errors"),
+        timeseries("Requests by outcome", "Requests per second through the sidecar, by outcome class.", "reqps",
+                   q.requests_by_outcome(), stacked=True),
+        timeseries("Error ratio", "Share of requests that failed (upstream error, timeout, overload); the dashed "
+                   "lines are the circuit breaker's degrade and rollback thresholds.", "percentunit",
+                   q.error_ratio(), thresholds=[("green", None), ("orange", rules.degrade_error_ratio),
+                                                ("red", rules.rollback_error_ratio)], lines=True, min_value=0),
+        timeseries("Goodput", f"Requests per second that succeeded within the latency SLO threshold "
+                   f"({rules.slo_latency_threshold_s:g} s end to end).", "reqps", q.goodput(rules)),
+        timeseries("Tokens per second", "Prompt tokens in and completion tokens out per second, from the usage "
+                   "blocks the upstream returned.", "short", q.tokens_per_second()),
+        timeseries("Requests in flight", "Requests being proxied right now, per model.", "short", q.in_flight()),
+        timeseries("Finish reasons", "Finished choices per second by finish_reason, as the sidecar saw them.",
+                   "reqps", q.finish_reasons()),
+        Row("Latency (click an exemplar to open its trace)"),
+        timeseries("Time to first token", "p50, p90, p99 of the time to the first content chunk, per model; "
+                   "exemplar dots link to the request's trace.", "s", q.ttft()),
+        timeseries("Inter-token latency", "p50, p90, p99 of the gap between content chunks of streamed responses, "
+                   "per model; exemplars link to traces.", "s", q.inter_token()),
+        timeseries("End-to-end latency", "p50, p90, p99 of arrival to last byte, every outcome; the dashed line is "
+                   "the degrade p99 threshold.", "s", q.e2e(),
+                   thresholds=[("green", None), ("orange", rules.degrade_p99_s)], lines=True),
+        timeseries("Upstream accept time", "p50, p90, p99 of the time until vLLM answered with a status line "
+                   "(queueing in front of the engine).", "s", q.upstream_accept()),
+        timeseries("Tokens per request", "p50 and p90 prompt and completion tokens per finished request.", "short",
+                   q.request_tokens()),
+        timeseries("Prefill share per request", "Median share of a streamed request's time spent before its first "
+                   "token.", "percentunit", q.prefill_share_per_request()),
+        Row("By prompt length"),
+        timeseries("Latency by length bucket", "p90 end-to-end latency per prompt length bucket.", "s",
+                   q.latency_by_length(), width=12),
+        timeseries("Failure ratio by length bucket", "Share of requests that failed, per prompt length bucket.",
+                   "percentunit", q.failures_by_length(), width=12,
+                   thresholds=[("green", None), ("red", rules.long_context_error_ratio)], lines=True),
+        Row("Alerts"),
+        timeseries("Alerts by state", "Pending and firing alerts over time (0 when there are none).", "short",
+                   q.alerts_by_state(), width=24),
+    ]
+
+
+def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+    """The SLO and traffic board."""
+    return dashboard(config, "slo", TITLE, "SLO compliance, burn rates, traffic, errors, latency and goodput of "
+                     "the LLM service, from the inferwatch sidecar.", items(rules))

@@ -1,0 +1,128 @@
+"""Boards to JSON files with sorted keys and stable uids, plus Grafana provisioning files.
+
+grafanalib writes the schema-12 model with legacy keys; :func:`render` drops those keys and the
+nulls, and stamps the schema version the panels are written for, so Grafana runs only the
+migrations that newer versions add.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from grafanalib._gen import DashboardEncoder
+
+from alert_rules.config import RulesConfig
+from dashboards.boards import BOARDS
+from dashboards.config import DashboardConfig
+
+SCHEMA_VERSION = 39
+"""The dashboard model the panels are written for (Grafana 10.4–11)."""
+LEGACY_KEYS = ("__inputs", "rows", "hideControls", "sharedCrosshair", "style", "gnetId", "id")
+PANEL_LEGACY_KEYS = ("error", "span", "minSpan", "height", "repeatDirection", "maxPerRow", "cacheTimeout")
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Remove None values from dicts (a threshold step's base ``value`` stays null)."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None or k == "value"}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _clean_panel(panel: dict[str, Any]) -> dict[str, Any]:
+    for key in PANEL_LEGACY_KEYS:
+        panel.pop(key, None)
+    if panel.get("type") == "row":
+        for key in ("targets", "fieldConfig", "datasource", "links", "transformations", "description"):
+            panel.pop(key, None)
+    for child in panel.get("panels", []):
+        _clean_panel(child)
+    return panel
+
+
+def render(board: Any) -> dict[str, Any]:
+    """One grafanalib dashboard as the JSON-ready dict written to disk."""
+    data: dict[str, Any] = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))
+    for key in LEGACY_KEYS:
+        data.pop(key, None)
+    data["schemaVersion"] = SCHEMA_VERSION
+    data["panels"] = [_clean_panel(p) for p in data.get("panels", [])]
+    result: dict[str, Any] = _drop_nulls(data)
+    return result
+
+
+def dashboards(config: DashboardConfig, rules: RulesConfig) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON, for every board."""
+    out = {}
+    for module in BOARDS.values():
+        data = render(module.build(config, rules))
+        out[f"{data['uid']}.json"] = data
+    return out
+
+
+def datasources(config: DashboardConfig) -> dict[str, Any]:
+    """Grafana datasource provisioning: Prometheus with exemplar links into the trace datasource."""
+    prometheus = {
+        "name": config.datasource_name, "type": "prometheus", "uid": config.datasource_uid, "access": "proxy",
+        "url": config.prometheus_url, "isDefault": True, "editable": False,
+        "jsonData": {
+            "httpMethod": "POST",
+            "exemplarTraceIdDestinations": [
+                {"name": config.exemplar_label, "datasourceUid": config.trace_datasource_uid},
+            ],
+        },
+    }
+    traces = {
+        "name": config.trace_backend.capitalize(), "type": config.trace_backend,
+        "uid": config.trace_datasource_uid, "access": "proxy", "url": config.trace_url, "editable": False,
+    }
+    return {"apiVersion": 1, "datasources": [prometheus, traces]}
+
+
+def provider(config: DashboardConfig) -> dict[str, Any]:
+    """Grafana dashboard provider: read-only boards from ``grafana_dashboards_path``."""
+    return {"apiVersion": 1, "providers": [{
+        "name": config.uid_prefix, "orgId": 1, "folder": config.folder, "type": "file",
+        "disableDeletion": True, "editable": False, "allowUiUpdates": False, "updateIntervalSeconds": 30,
+        "options": {"path": config.grafana_dashboards_path, "foldersFromFilesStructure": False},
+    }]}
+
+
+def files(config: DashboardConfig, rules: RulesConfig) -> dict[str, str]:
+    """Relative path -> file text of everything ``dashboards build`` writes."""
+    out = {
+        f"dashboards/{name}": json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        for name, data in dashboards(config, rules).items()
+    }
+    dump = {"sort_keys": True, "default_flow_style": False}
+    out["provisioning/datasources/inferwatch.yaml"] = yaml.safe_dump(datasources(config), **dump)
+    out["provisioning/dashboards/inferwatch.yaml"] = yaml.safe_dump(provider(config), **dump)
+    return out
+
+
+def write(out_dir: str | Path, config: DashboardConfig, rules: RulesConfig) -> list[Path]:
+    """Write every file under ``out_dir`` (each atomically) and return their paths."""
+    root = Path(out_dir)
+    written = []
+    for rel, text in files(config, rules).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(path)
+    return written
+
+
+__all__ = ["SCHEMA_VERSION", "dashboards", "datasources", "files", "provider", "render", "write"]

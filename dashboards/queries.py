@@ -1,0 +1,670 @@
+"""Every panel query, one function each, built from catalog specs and the rules config.
+
+Selectors get the template-variable matchers their family's labels allow: ``model_name=~"$model_name"``,
+``engine=~"$engine"``, ``gpu=~"$gpu"``. Rates use ``$__rate_interval``; windows that belong to the SLO
+(its period, the burn-rate windows) come from :class:`~alert_rules.config.RulesConfig` and the rule
+modules, never from a number written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alert_rules import slo as slo_rules
+from alert_rules.config import RulesConfig
+from alert_rules.spec import any_of, duration, number
+from alert_rules.windows import windows_used
+from dashboards import external
+from exporters.catalog import engine, gpu, pipeline, process, request, vllm
+from exporters.catalog.spec import MetricSpec
+
+RATE = "$__rate_interval"
+RANGE = "$__range"
+VARIABLE_LABELS = {"model_name": "$model_name", "engine": "$engine", "gpu": "$gpu"}
+"""Label -> template variable it is filtered by, wherever a family carries the label."""
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One panel target: PromQL, its legend, and how Grafana runs it."""
+
+    expr: str
+    legend: str = ""
+    exemplar: bool = False
+    instant: bool = False
+    table: bool = False
+    heatmap: bool = False
+
+
+def matchers(labels: tuple[str, ...], *extra: str) -> str:
+    """The ``{...}`` body for a family with ``labels``: variable matchers first, then ``extra``."""
+    parts = [f'{label}=~"{var}"' for label, var in VARIABLE_LABELS.items() if label in labels]
+    parts.extend(extra)
+    return "{" + ", ".join(parts) + "}" if parts else ""
+
+
+def sel(spec: MetricSpec, *extra: str, series: str | None = None) -> str:
+    """A selector of one of ``spec``'s series (its plain series by default), with variable matchers."""
+    return f"{series or spec.series}{matchers(spec.labels, *extra)}"
+
+
+def rate(spec: MetricSpec, *extra: str, series: str | None = None) -> str:
+    """``rate(<selector>[$__rate_interval])``."""
+    return f"rate({sel(spec, *extra, series=series)}[{RATE}])"
+
+
+def by(labels: str, expr: str, op: str = "sum") -> str:
+    """``sum by (labels) (expr)``."""
+    return f"{op} by ({labels}) ({expr})"
+
+
+def quantile(q: float, spec: MetricSpec, group: str = "model_name", *extra: str) -> str:
+    """``histogram_quantile`` of a histogram family, grouped by ``group``."""
+    inner = by(f"le, {group}" if group else "le", rate(spec, *extra, series=spec.bucket))
+    return f"histogram_quantile({number(q)}, {inner})"
+
+
+def mean_of(spec: MetricSpec, group: str = "model_name") -> str:
+    """Mean observation of a histogram over the rate window: rate(_sum) / rate(_count)."""
+    return f"{by(group, rate(spec, series=spec.sum))} / {by(group, rate(spec, series=spec.count))}"
+
+
+def percentiles(spec: MetricSpec, group: str = "model_name", exemplar: bool = False) -> list[Query]:
+    """p50, p90 and p99 of a latency histogram, one target each."""
+    return [
+        Query(quantile(q, spec, group), f"p{round(q * 100)} {{{{{group}}}}}", exemplar=exemplar)
+        for q in (0.5, 0.9, 0.99)
+    ]
+
+
+def heatmap(spec: MetricSpec) -> Query:
+    """Bucket increments of a histogram per rate window, for a heatmap (``le`` as the y axis)."""
+    return Query(by("le", f"increase({sel(spec, series=spec.bucket)}[{RATE}])"), "{{le}}", heatmap=True)
+
+
+def zero_per_gpu() -> str:
+    """``0`` for every GPU the exporter knows: the value of a per-GPU counter not yet created."""
+    return by("gpu", f"{sel(gpu.GPU_UP)} * 0")
+
+
+# ------------------------------------------------------------------ SLOs and traffic
+
+
+def error_outcome_regex() -> str:
+    """Outcomes that count against availability, as a regex."""
+    return any_of(slo_rules.error_outcomes())
+
+
+def slo_compliance(rules: RulesConfig) -> Query:
+    """Share of good events over the SLO period, per model and SLO (recorded event sums)."""
+    period = duration(rules.slo_period_days * 86400)
+    bad = by("model_name, slo", f'increase({slo_rules.BAD_EVENTS}{{model_name=~"$model_name"}}[{period}])')
+    every = by("model_name, slo", f'increase({slo_rules.EVENTS}{{model_name=~"$model_name"}}[{period}])')
+    return Query(f"1 - ({bad} / {every})", "{{model_name}} {{slo}}", instant=True)
+
+
+def error_budget_left(rules: RulesConfig) -> Query:
+    """Share of the error budget still unspent over the SLO period: 1 - bad ratio / (1 - objective)."""
+    period = duration(rules.slo_period_days * 86400)
+    bad = by("model_name, slo", f'increase({slo_rules.BAD_EVENTS}{{model_name=~"$model_name"}}[{period}])')
+    every = by("model_name, slo", f'increase({slo_rules.EVENTS}{{model_name=~"$model_name"}}[{period}])')
+    budget = number(round(1 - rules.slo_objective, 12))
+    return Query(f"1 - (({bad} / {every}) / {budget})", "{{model_name}} {{slo}}", instant=True)
+
+
+def burn_rates(rules: RulesConfig) -> list[Query]:
+    """Burn rate (error ratio / budget) over every window the burn-rate alerts use."""
+    budget = number(round(1 - rules.slo_objective, 12))
+    out = []
+    for window in windows_used():
+        name = slo_rules.error_ratio_name(window)
+        out.append(Query(
+            f'{name}{{model_name=~"$model_name"}} / {budget}', f"{{{{model_name}}}} {{{{slo}}}} {duration(window)}"
+        ))
+    return out
+
+
+def requests_by_outcome() -> Query:
+    """Requests per second by outcome."""
+    return Query(by("outcome", rate(request.REQUESTS)), "{{outcome}}")
+
+
+def error_ratio(group: str = "model_name") -> Query:
+    """Share of requests with an error outcome, per ``group``; 0 while a group has traffic but no error."""
+    bad = by(group, rate(request.REQUESTS, f'outcome=~"{error_outcome_regex()}"'))
+    every = by(group, rate(request.REQUESTS))
+    return Query(f"({bad} or ({every} * 0)) / {every}", f"{{{{{group}}}}}")
+
+
+def ttft() -> list[Query]:
+    """Time to first token p50/p90/p99 per model, with trace exemplars."""
+    return percentiles(request.TIME_TO_FIRST_TOKEN_SECONDS, exemplar=True)
+
+
+def inter_token() -> list[Query]:
+    """Inter-token latency p50/p90/p99 per model, with trace exemplars."""
+    return percentiles(request.INTER_TOKEN_LATENCY_SECONDS, exemplar=True)
+
+
+def e2e() -> list[Query]:
+    """End-to-end latency p50/p90/p99 per model, with trace exemplars."""
+    return percentiles(request.E2E_LATENCY_SECONDS, exemplar=True)
+
+
+def upstream_accept() -> list[Query]:
+    """Seconds until the upstream sent a status line, p50/p90/p99."""
+    return percentiles(request.UPSTREAM_ACCEPT_SECONDS)
+
+
+def latency_by_length() -> list[Query]:
+    """p90 end-to-end latency per prompt length bucket."""
+    return [Query(quantile(0.9, request.E2E_LATENCY_SECONDS, "length_bucket"), "p90 {{length_bucket}}",
+                  exemplar=True)]
+
+
+def failures_by_length() -> Query:
+    """Failure ratio per prompt length bucket."""
+    return error_ratio("length_bucket")
+
+
+def tokens_per_second() -> list[Query]:
+    """Prompt (in) and completion (out) tokens per second, from the usage blocks."""
+    return [
+        Query(by("model_name", rate(request.PROMPT_TOKENS)), "in {{model_name}}"),
+        Query(by("model_name", rate(request.COMPLETION_TOKENS)), "out {{model_name}}"),
+    ]
+
+
+def goodput(rules: RulesConfig) -> Query:
+    """Requests per second that succeeded within the latency SLO threshold."""
+    le = slo_rules.le_value(rules.slo_latency_threshold_s)
+    good = rate(request.E2E_LATENCY_SECONDS, 'outcome="ok"', f'le="{le}"', series=request.E2E_LATENCY_SECONDS.bucket)
+    return Query(by("model_name", good), "{{model_name}}")
+
+
+def in_flight() -> Query:
+    """Requests being proxied right now."""
+    return Query(by("model_name", sel(request.REQUESTS_IN_FLIGHT)), "{{model_name}}")
+
+
+def finish_reasons() -> Query:
+    """Finished choices per second by finish_reason (as the sidecar saw them)."""
+    return Query(by("finish_reason", rate(request.FINISH_REASONS)), "{{finish_reason}}")
+
+
+def request_tokens() -> list[Query]:
+    """p50/p90 prompt and completion tokens per request (sidecar view)."""
+    return [
+        Query(quantile(0.5, request.REQUEST_PROMPT_TOKENS), "prompt p50 {{model_name}}"),
+        Query(quantile(0.9, request.REQUEST_PROMPT_TOKENS), "prompt p90 {{model_name}}"),
+        Query(quantile(0.5, request.REQUEST_COMPLETION_TOKENS), "completion p50 {{model_name}}"),
+        Query(quantile(0.9, request.REQUEST_COMPLETION_TOKENS), "completion p90 {{model_name}}"),
+    ]
+
+
+def prefill_share_per_request() -> Query:
+    """Median share of a streamed request's time spent before the first token."""
+    return Query(quantile(0.5, request.PREFILL_SHARE_RATIO), "p50 {{model_name}}")
+
+
+def alerts_firing() -> Query:
+    """Alerts firing now; 0 when Prometheus has no ALERTS series (nothing pending or firing)."""
+    return Query(f'count({external.ALERTS.name}{{alertstate="firing"}}) or vector(0)', "firing", instant=True)
+
+
+def alerts_by_state() -> Query:
+    """Pending and firing alerts by state; 0 when there are none."""
+    return Query(f"count by (alertstate) ({external.ALERTS.name}) or vector(0)", "{{alertstate}}")
+
+
+# ------------------------------------------------------------------ vLLM engine and KV cache
+
+
+def engine_requests() -> Query:
+    """Requests in the engine by state: running, waiting, swapped (V0 only)."""
+    return Query(by("model_name, state", sel(engine.ENGINE_REQUESTS)), "{{state}} {{model_name}}")
+
+
+def vllm_running_waiting() -> list[Query]:
+    """vLLM's own running and waiting gauges, per engine."""
+    return [
+        Query(by("model_name, engine", sel(vllm.NUM_REQUESTS_RUNNING)), "running {{model_name}}/{{engine}}"),
+        Query(by("model_name, engine", sel(vllm.NUM_REQUESTS_WAITING)), "waiting {{model_name}}/{{engine}}"),
+    ]
+
+
+def waiting_by_reason() -> Query:
+    """Waiting requests split by reason (capacity, deferred)."""
+    return Query(by("reason", sel(vllm.NUM_REQUESTS_WAITING_BY_REASON)), "{{reason}}")
+
+
+def admission_rejections() -> Query:
+    """Requests per second rejected with 503 by the queue limits."""
+    return Query(by("reason", rate(vllm.ADMISSION_REJECTIONS)), "{{reason}}")
+
+
+def queue_time() -> list[Query]:
+    """Time in the scheduler queue, p50/p90/p99."""
+    return percentiles(vllm.REQUEST_QUEUE_TIME)
+
+
+def preemptions() -> list[Query]:
+    """Preemptions per second: the sidecar's sum over engines and vLLM's per-engine counter."""
+    return [
+        Query(by("model_name", rate(engine.ENGINE_PREEMPTIONS)), "{{model_name}}"),
+        Query(by("model_name, engine", rate(vllm.NUM_PREEMPTIONS)), "vLLM {{model_name}}/{{engine}}"),
+    ]
+
+
+def preemptions_per_request() -> list[Query]:
+    """p90 and p99 of preemptions per finished request."""
+    return [
+        Query(quantile(0.9, vllm.REQUEST_NUM_PREEMPTIONS), "p90 {{model_name}}"),
+        Query(quantile(0.99, vllm.REQUEST_NUM_PREEMPTIONS), "p99 {{model_name}}"),
+    ]
+
+
+def kv_usage() -> list[Query]:
+    """KV-cache usage: the sidecar's block-weighted view and vLLM's per-engine gauge."""
+    return [
+        Query(by("model_name", sel(engine.KV_USAGE), "max"), "{{model_name}}"),
+        Query(by("model_name, engine", sel(vllm.KV_CACHE_USAGE_PERC), "max"), "vLLM {{model_name}}/{{engine}}"),
+    ]
+
+
+def kv_blocks() -> list[Query]:
+    """KV blocks in use against blocks allocated, and the sidecar's in-flight estimate."""
+    return [
+        Query(by("model_name", sel(engine.KV_BLOCKS_USED)), "used {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_BLOCKS_TOTAL)), "total {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_INFLIGHT_BLOCKS)), "held in flight {{model_name}}"),
+    ]
+
+
+def kv_tokens() -> list[Query]:
+    """KV capacity in tokens against tokens held by requests in flight."""
+    return [
+        Query(by("model_name", sel(engine.KV_CAPACITY_TOKENS)), "capacity {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_INFLIGHT_TOKENS)), "in flight {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_BLOCK_SIZE), "max"), "tokens per block {{model_name}}"),
+    ]
+
+
+def kv_fragmentation() -> Query:
+    """Estimated internal fragmentation of the blocks held by in-flight requests."""
+    return Query(by("model_name", sel(engine.KV_FRAGMENTATION), "max"), "{{model_name}}")
+
+
+def cache_config() -> Query:
+    """vLLM's cache configuration (block size, GPU blocks, KV tokens) as a table."""
+    expr = f"max by (engine, block_size, num_gpu_blocks, kv_cache_size_tokens) ({sel(vllm.CACHE_CONFIG_INFO)})"
+    return Query(expr, "", instant=True, table=True)
+
+
+def prefix_cache_hit_ratio() -> list[Query]:
+    """Prefix-cache hit ratio: local (tokens) over the rate window, since start, and external."""
+    local = f"{by('model_name', rate(vllm.PREFIX_CACHE_HITS))} / {by('model_name', rate(vllm.PREFIX_CACHE_QUERIES))}"
+    ext = (f"{by('model_name', rate(vllm.EXTERNAL_PREFIX_CACHE_HITS))} / "
+           f"{by('model_name', rate(vllm.EXTERNAL_PREFIX_CACHE_QUERIES))}")
+    return [
+        Query(local, "local {{model_name}}"),
+        Query(by("model_name", sel(engine.ENGINE_PREFIX_CACHE_HIT_RATIO), "max"), "since start {{model_name}}"),
+        Query(ext, "external {{model_name}}"),
+    ]
+
+
+def cached_prompt_tokens() -> list[Query]:
+    """Prompt tokens per second skipped in prefill, by cache tier, and prompt tokens by KV source."""
+    return [
+        Query(by("model_name", rate(vllm.PROMPT_TOKENS_CACHED)), "cached {{model_name}}"),
+        Query(by("source", rate(vllm.PROMPT_TOKENS_CACHED_BY_SOURCE)), "cached from {{source}}"),
+        Query(by("source", rate(vllm.PROMPT_TOKENS_BY_SOURCE)), "prompt from {{source}}"),
+    ]
+
+
+def multimodal_cache() -> list[Query]:
+    """Multimodal cache queries and hits per second (items)."""
+    return [
+        Query(by("model_name", rate(vllm.MM_CACHE_QUERIES)), "queries {{model_name}}"),
+        Query(by("model_name", rate(vllm.MM_CACHE_HITS)), "hits {{model_name}}"),
+    ]
+
+
+def prefill_decode_time() -> list[Query]:
+    """Seconds per second spent in prefill and in decode (sidecar sums of vLLM's histograms)."""
+    return [
+        Query(by("model_name", rate(engine.ENGINE_PREFILL_SECONDS)), "prefill {{model_name}}"),
+        Query(by("model_name", rate(engine.ENGINE_DECODE_SECONDS)), "decode {{model_name}}"),
+    ]
+
+
+def prefill_decode_share() -> list[Query]:
+    """Share of request time in prefill and in decode since the engine started."""
+    return [
+        Query(by("model_name", sel(engine.ENGINE_PREFILL_SHARE), "max"), "prefill {{model_name}}"),
+        Query(by("model_name", sel(engine.ENGINE_DECODE_SHARE), "max"), "decode {{model_name}}"),
+    ]
+
+
+def phase_latency() -> list[Query]:
+    """p90 of each request phase as vLLM measures it: prefill, decode, inference."""
+    return [
+        Query(quantile(0.9, vllm.REQUEST_PREFILL_TIME), "prefill p90 {{model_name}}"),
+        Query(quantile(0.9, vllm.REQUEST_DECODE_TIME), "decode p90 {{model_name}}"),
+        Query(quantile(0.9, vllm.REQUEST_INFERENCE_TIME), "inference p90 {{model_name}}"),
+    ]
+
+
+def engine_latency() -> list[Query]:
+    """vLLM's own latency histograms at p90: TTFT, inter-token, time per output token, end to end."""
+    return [
+        Query(quantile(0.9, vllm.TIME_TO_FIRST_TOKEN), "TTFT p90 {{model_name}}"),
+        Query(quantile(0.9, vllm.INTER_TOKEN_LATENCY), "inter-token p90 {{model_name}}"),
+        Query(quantile(0.9, vllm.REQUEST_TIME_PER_OUTPUT_TOKEN), "TPOT p90 {{model_name}}"),
+        Query(quantile(0.9, vllm.E2E_REQUEST_LATENCY), "e2e p90 {{model_name}}"),
+    ]
+
+
+def step_tokens_heatmap() -> Query:
+    """Tokens per engine step (vLLM's iteration histogram) as a heatmap."""
+    return heatmap(vllm.ITERATION_TOKENS)
+
+
+def step_tokens() -> list[Query]:
+    """Tokens per engine step, p50 and p90 (the sidecar's sum over engines)."""
+    return [
+        Query(quantile(0.5, engine.ENGINE_STEP_TOKENS), "p50 {{model_name}}"),
+        Query(quantile(0.9, engine.ENGINE_STEP_TOKENS), "p90 {{model_name}}"),
+    ]
+
+
+def batch_requests_heatmap() -> Query:
+    """Running requests per scrape (batch size in requests) as a heatmap."""
+    return heatmap(engine.ENGINE_BATCH_REQUESTS)
+
+
+def engine_tokens() -> list[Query]:
+    """Prompt and generated tokens per second as the engine counts them."""
+    return [
+        Query(by("model_name", rate(vllm.PROMPT_TOKENS)), "prompt {{model_name}}"),
+        Query(by("model_name", rate(vllm.GENERATION_TOKENS)), "generated {{model_name}}"),
+        Query(by("model_name", rate(engine.ENGINE_GENERATION_TOKENS)), "generated, all engines {{model_name}}"),
+    ]
+
+
+def engine_finished() -> Query:
+    """Finished requests per second by vLLM's finished_reason."""
+    return Query(by("finished_reason", rate(vllm.REQUEST_SUCCESS)), "{{finished_reason}}")
+
+
+def request_shape() -> list[Query]:
+    """p90 of per-request sizes as vLLM records them."""
+    specs = (
+        (vllm.REQUEST_PROMPT_TOKENS, "prompt"), (vllm.REQUEST_GENERATION_TOKENS, "generated"),
+        (vllm.REQUEST_MAX_NUM_GENERATION_TOKENS, "max generated of n"),
+        (vllm.REQUEST_PARAMS_MAX_TOKENS, "max_tokens asked"),
+        (vllm.REQUEST_PREFILL_KV_COMPUTED_TOKENS, "prefill computed"),
+    )
+    return [Query(quantile(0.9, spec), f"{name} p90 {{{{model_name}}}}") for spec, name in specs]
+
+
+def request_n() -> Query:
+    """p90 of the n parameter per request."""
+    return Query(quantile(0.9, vllm.REQUEST_PARAMS_N), "n p90 {{model_name}}")
+
+
+def mfu() -> list[Query]:
+    """Estimated FLOPs and bytes moved per GPU per second (vLLM --enable-mfu-metrics)."""
+    return [
+        Query(by("model_name", rate(vllm.ESTIMATED_FLOPS_PER_GPU)), "FLOP/s {{model_name}}"),
+        Query(by("model_name", rate(vllm.ESTIMATED_READ_BYTES_PER_GPU)), "read B/s {{model_name}}"),
+        Query(by("model_name", rate(vllm.ESTIMATED_WRITE_BYTES_PER_GPU)), "written B/s {{model_name}}"),
+    ]
+
+
+def readiness(config_vllm_job: str) -> list[Query]:
+    """Upstream readiness probe, vLLM awake flag and Prometheus' scrape of vLLM."""
+    return [
+        Query(f"max({sel(request.UPSTREAM_READY)})", "ready (sidecar probe)"),
+        Query(by("model_name, engine", sel(vllm.ENGINE_SLEEP_STATE, 'sleep_state="awake"'), "max"),
+              "awake {{model_name}}/{{engine}}"),
+        Query(f'max({external.UP.name}{{job="{config_vllm_job}"}})', "scraped by Prometheus"),
+    ]
+
+
+def cold_starts() -> Query:
+    """Engine restarts in the time range: resets of vLLM's finished-request counter."""
+    return Query(by("model_name", f"resets({sel(vllm.REQUEST_SUCCESS)}[{RANGE}])", "max"), "{{model_name}}",
+                 instant=True)
+
+
+def engine_info() -> Query:
+    """The vLLM metrics generation and the number of data-parallel engines, per model."""
+    return Query(by("model_name, generation, engines", sel(engine.ENGINE_INFO), "max"), "", instant=True,
+                 table=True)
+
+
+# ------------------------------------------------------------------ GPUs
+
+
+def gpu_memory(rules: RulesConfig) -> list[Query]:
+    """GPU memory used against total, and the alert line (rules.gpu_memory_ratio of the total)."""
+    return [
+        Query(by("gpu", sel(gpu.GPU_MEMORY_USED)), "used {{gpu}}"),
+        Query(by("gpu", sel(gpu.GPU_MEMORY_TOTAL)), "total {{gpu}}"),
+        Query(f"{by('gpu', sel(gpu.GPU_MEMORY_TOTAL))} * {number(rules.gpu_memory_ratio)}", "alert line {{gpu}}"),
+    ]
+
+
+def gpu_memory_ratio() -> Query:
+    """GPU memory used as a share of the total."""
+    return Query(f"{by('gpu', sel(gpu.GPU_MEMORY_USED))} / {by('gpu', sel(gpu.GPU_MEMORY_TOTAL))}", "{{gpu}}")
+
+
+def gpu_utilization() -> list[Query]:
+    """Kernel and memory-copy utilisation per GPU."""
+    return [
+        Query(by("gpu", sel(gpu.GPU_UTILIZATION)), "kernels {{gpu}}"),
+        Query(by("gpu", sel(gpu.GPU_MEMORY_COPY_UTILIZATION)), "memory copies {{gpu}}"),
+    ]
+
+
+def gpu_power() -> list[Query]:
+    """Power draw against the enforced limit, and average power from the energy counter."""
+    return [
+        Query(by("gpu", sel(gpu.GPU_POWER)), "draw {{gpu}}"),
+        Query(by("gpu", sel(gpu.GPU_POWER_LIMIT)), "limit {{gpu}}"),
+        Query(by("gpu", rate(gpu.GPU_ENERGY)), "from energy counter {{gpu}}"),
+    ]
+
+
+def gpu_energy() -> Query:
+    """Energy used per GPU over the time range, in joules."""
+    return Query(by("gpu", f"increase({sel(gpu.GPU_ENERGY)}[{RANGE}])"), "{{gpu}}", instant=True)
+
+
+def tokens_per_joule() -> Query:
+    """Generated tokens per joule of GPU energy, per model."""
+    return Query(by("model_name", sel(gpu.GPU_TOKENS_PER_JOULE), "max"), "{{model_name}}")
+
+
+def gpu_temperature() -> Query:
+    """GPU die temperature."""
+    return Query(by("gpu", sel(gpu.GPU_TEMPERATURE), "max"), "{{gpu}}")
+
+
+def gpu_clocks() -> list[Query]:
+    """SM and memory clocks."""
+    return [
+        Query(by("gpu", sel(gpu.GPU_SM_CLOCK), "max"), "SM {{gpu}}"),
+        Query(by("gpu", sel(gpu.GPU_MEMORY_CLOCK), "max"), "memory {{gpu}}"),
+    ]
+
+
+def throttle_reasons() -> Query:
+    """Clock-throttle reasons active now, one series per GPU and reason."""
+    return Query(by("gpu, reason", sel(gpu.GPU_CLOCK_EVENT_ACTIVE), "max"), "{{gpu}} {{reason}}")
+
+
+def xid_errors() -> Query:
+    """XID errors per GPU in the rate window; 0 for GPUs that never reported one."""
+    errors = by("gpu", f"increase({sel(gpu.GPU_XID_ERRORS)}[{RATE}])")
+    return Query(f"{errors} or {zero_per_gpu()}", "{{gpu}}")
+
+
+def ecc_errors() -> list[Query]:
+    """ECC errors per second, remapped rows and pending remaps; 0 where never reported."""
+    return [
+        Query(f"{by('gpu, error_type', rate(gpu.GPU_ECC_ERRORS))} or {zero_per_gpu()}", "ECC {{gpu}} {{error_type}}"),
+        Query(f"{by('gpu', sel(gpu.GPU_REMAPPED_ROWS))} or {zero_per_gpu()}", "remapped rows {{gpu}}"),
+        Query(f"{by('gpu', sel(gpu.GPU_ROW_REMAP_PENDING), 'max')} or {zero_per_gpu()}", "remap pending {{gpu}}"),
+    ]
+
+
+def gpu_process_memory() -> list[Query]:
+    """GPU memory per process, and the upstream's own total."""
+    return [
+        Query(by("gpu, pid", sel(gpu.GPU_PROCESS_MEMORY)), "{{gpu}} pid {{pid}}"),
+        Query(by("gpu", sel(gpu.GPU_PROCESSES)), "processes {{gpu}}"),
+    ]
+
+
+def gpu_up() -> list[Query]:
+    """GPUs answering NVML, GPUs NVML reports, and whether the exporter runs."""
+    return [
+        Query(f"sum({sel(gpu.GPU_UP)})", "up"),
+        Query(f"max({sel(gpu.GPU_COUNT)})", "reported"),
+        Query(f"max({sel(gpu.GPU_EXPORTER_UP)})", "exporter up"),
+    ]
+
+
+def gpu_info() -> Query:
+    """Static facts of every GPU as a table."""
+    labels = "gpu, uuid, gpu_model, driver_version, cuda_driver_version, memory_total_bytes"
+    return Query(by(labels, sel(gpu.GPU_INFO), "max"), "", instant=True, table=True)
+
+
+def gpu_exporter_health() -> list[Query]:
+    """NVML calls skipped as unsupported and failed per second, and the collection time."""
+    return [
+        Query(f"{by('gpu', rate(gpu.GPU_EXPORTER_UNSUPPORTED))} or {zero_per_gpu()}", "unsupported {{gpu}}"),
+        Query(f"{by('gpu', rate(gpu.GPU_EXPORTER_ERRORS))} or {zero_per_gpu()}", "failed {{gpu}}"),
+        Query(f"max({sel(gpu.GPU_EXPORTER_COLLECT_DURATION)})", "collect seconds"),
+    ]
+
+
+def xid_last() -> Query:
+    """Unix time of the last XID error per GPU and code."""
+    return Query(by("gpu, xid", sel(gpu.GPU_XID_LAST), "max"), "", instant=True, table=True)
+
+
+def gpu_memory_breakdown() -> list[Query]:
+    """Free and driver-reserved memory per GPU."""
+    return [
+        Query(by("gpu", sel(gpu.GPU_MEMORY_FREE)), "free {{gpu}}"),
+        Query(by("gpu", sel(gpu.GPU_MEMORY_RESERVED)), "reserved {{gpu}}"),
+    ]
+
+
+# ------------------------------------------------------------------ observability pipeline
+
+
+def log_records() -> list[Query]:
+    """Log records per second seen, kept (by reason) and dropped (by reason)."""
+    return [
+        Query(f"sum({rate(pipeline.LOG_RECORDS_SEEN)})", "seen"),
+        Query(by("reason", rate(pipeline.LOG_RECORDS_KEPT)), "kept: {{reason}}"),
+        Query(by("reason", rate(pipeline.LOG_RECORDS_DROPPED)), "dropped: {{reason}}"),
+        Query(f"sum({rate(pipeline.LOG_RECORDS_LOST)}) or vector(0)", "lost"),
+    ]
+
+
+def sampling_ratio() -> Query:
+    """Share of log records kept."""
+    return Query(f"sum({rate(pipeline.LOG_RECORDS_KEPT)}) / sum({rate(pipeline.LOG_RECORDS_SEEN)})", "kept")
+
+
+def log_queue() -> list[Query]:
+    """Records waiting in the writer queue against its capacity."""
+    return [
+        Query(f"max({sel(pipeline.LOG_QUEUE_RECORDS)})", "queued"),
+        Query(f"max({sel(pipeline.LOG_QUEUE_CAPACITY)})", "capacity"),
+    ]
+
+
+def archive_bytes() -> list[Query]:
+    """Bytes per second written to the archive, and the same records as raw JSON."""
+    return [
+        Query(f"sum({rate(pipeline.LOG_ARCHIVE_WRITTEN_BYTES)})", "written (compressed)"),
+        Query(f"sum({rate(pipeline.LOG_RAW_BYTES)})", "raw JSON"),
+    ]
+
+
+def compression_ratio() -> Query:
+    """Raw JSON bytes per archived byte, over the time range."""
+    raw = f"sum(increase({sel(pipeline.LOG_RAW_BYTES)}[{RANGE}]))"
+    written = f"sum(increase({sel(pipeline.LOG_ARCHIVE_WRITTEN_BYTES)}[{RANGE}]))"
+    return Query(f"{raw} / {written}", "raw / written", instant=True)
+
+
+def archive_activity() -> list[Query]:
+    """Records archived, frames written and segments published per second."""
+    return [
+        Query(f"sum({rate(pipeline.LOG_ARCHIVED_RECORDS)})", "records"),
+        Query(f"sum({rate(pipeline.LOG_FRAMES)})", "frames"),
+        Query(f"sum({rate(pipeline.LOG_SEGMENTS)})", "segments published"),
+        Query(f"sum({rate(pipeline.LOG_SEGMENTS_DELETED)}) or vector(0)", "segments deleted"),
+    ]
+
+
+def scrape_health() -> list[Query]:
+    """The sidecar's scrape of vLLM: up, duration and failures per second."""
+    return [
+        Query(f"min({sel(engine.SCRAPE_UP)})", "up"),
+        Query(f"max({sel(engine.SCRAPE_DURATION)})", "duration (s)"),
+        Query(f"sum({rate(engine.SCRAPE_FAILURES)}) or vector(0)", "failures/s"),
+    ]
+
+
+def scrape_problems() -> list[Query]:
+    """Parse errors per second and unknown families in the sidecar's scrape of vLLM."""
+    return [
+        Query(f"sum({rate(engine.SCRAPE_PARSE_ERRORS)})", "parse errors/s"),
+        Query(f"max({sel(engine.SCRAPE_UNKNOWN_FAMILIES)})", "unknown families"),
+    ]
+
+
+def scrape_age() -> Query:
+    """Seconds since the sidecar last scraped vLLM successfully."""
+    return Query(f"time() - max({sel(engine.SCRAPE_LAST_SUCCESS)})", "age", instant=True)
+
+
+def prometheus_targets() -> Query:
+    """Prometheus' own scrape of each job: 1 up, 0 down."""
+    return Query(by("job", external.UP.name, "min"), "{{job}}")
+
+
+def rule_evaluation_time() -> list[Query]:
+    """Seconds the last evaluation of each rule group took, and rule evaluation failures per second."""
+    return [
+        Query(by("rule_group", external.RULE_GROUP_LAST_DURATION.name, "max"), "{{rule_group}}"),
+        Query(f"sum(rate({external.RULE_EVALUATION_FAILURES.name}[{RATE}]))", "failures/s"),
+    ]
+
+
+def notifications(prometheus_job: str) -> list[Query]:
+    """Alert notifications per second sent, failed and dropped by Prometheus."""
+    job = f'{{job="{prometheus_job}"}}'
+    return [
+        Query(f"sum(rate({external.NOTIFICATIONS_SENT.name}{job}[{RATE}]))", "sent"),
+        Query(f"sum(rate({external.NOTIFICATIONS_ERRORS.name}{job}[{RATE}]))", "failed"),
+        Query(f"sum(rate({external.NOTIFICATIONS_DROPPED.name}{job}[{RATE}]))", "dropped"),
+    ]
+
+
+def process_memory() -> list[Query]:
+    """The upstream process: resident memory and GPU memory."""
+    return [
+        Query(f"max({sel(process.PROCESS_RESIDENT_MEMORY)})", "resident"),
+        Query(f"max({sel(process.PROCESS_GPU_MEMORY)})", "GPU"),
+    ]
