@@ -80,11 +80,18 @@ def sidecar(
     server = require(
         lambda: servers.start_sidecar(
             vllm_server.base_url, work,
-            ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1"],
+            ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1",
+             "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200"],
         )
     )
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def sidecar_logs_dir(sidecar: servers.SidecarServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The request-log archive directory of the ``sidecar`` fixture."""
+    return Path(sidecar.process.log_path).parent / "logs"
 
 
 @pytest.fixture

@@ -184,3 +184,27 @@ scrape_configs:
         assert status == 200
     final = wait_stable(lambda v: v == (start[0] + sent, start[1] + sent))  # type: ignore[operator]
     assert final == (start[0] + sent, start[1] + sent)
+
+
+def test_error_record_found_by_trace_id(sidecar: servers.SidecarServer, sidecar_logs_dir: Any) -> None:
+    """A failed request's log record is found by `inferwatch logs search` with the trace id the client got."""
+    import subprocess
+    import sys
+
+    status, headers, _ = _post(f"{sidecar.base_url}/v1/completions", {"model": "no-such-model", "prompt": "x"})
+    assert status == 404
+    trace_id = headers["x-trace-id"]
+    end = time.monotonic() + 20
+    while True:
+        result = subprocess.run(
+            [sys.executable, "-m", "serving.cli", "logs", "search", "--dir", str(sidecar_logs_dir),
+             "--trace-id", trace_id], capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode == 0 or time.monotonic() > end:
+            break
+        time.sleep(0.3)
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(records) == 1
+    assert records[0]["trace_id"] == trace_id
+    assert records[0]["http_status"] == 404
+    assert records[0]["outcome"] == "client_error"
