@@ -124,10 +124,10 @@ async def test_fragmentation_equals_a_hand_computation(vllm_tiny_kv_server: serv
     assert 0.0 <= (ratio or -1) <= 1.0
 
 
-def test_sidecar_fragmentation_during_non_streaming_requests(
+def test_sidecar_fragmentation_during_streamed_requests(
     vllm_tiny_kv_server: servers.VllmServer, tmp_path: Path
 ) -> None:
-    """Through the real sidecar, in-flight non-streaming requests count their prompt tokens for fragmentation."""
+    """Through the real sidecar, mid-stream fragmentation equals 1 - tokens / (blocks x 32) of its live counts."""
     try:
         sidecar = servers.start_sidecar(vllm_tiny_kv_server.base_url, tmp_path, ["--scrape-interval-s", "0.5"])
     except servers.ServerUnavailable as err:
@@ -140,31 +140,31 @@ def test_sidecar_fragmentation_during_non_streaming_requests(
 
 async def _fragmentation_through(sidecar: str, server: servers.VllmServer) -> None:
     model = server.model_name
+    prompts = [" ".join(["people"] * n) for n in (3, 33, 50)]
     async with aiohttp.ClientSession() as session:
-        prompts = [" ".join(["people"] * n) for n in (3, 33, 50)]
-        counts = []
+        prompt_tokens = []
         for prompt in prompts:  # learn each prompt's token count first
             async with session.post(f"{server.base_url}/v1/completions",
                                     json={"model": model, "prompt": prompt, "max_tokens": 1}) as r:
-                counts.append(int((await r.json())["usage"]["prompt_tokens"]))
-        body = {"model": model, "max_tokens": 1500, "ignore_eos": True}
-        tasks = [asyncio.ensure_future(session.post(f"{sidecar}/v1/completions", json={**body, "prompt": p}))
-                 for p in prompts]
+                prompt_tokens.append(int((await r.json())["usage"]["prompt_tokens"]))
+        load = asyncio.gather(*(_stream(session, sidecar, model, p, 600) for p in prompts))
+        seen = []
         try:
-            text = ""
-            for _ in range(40):
-                await asyncio.sleep(0.5)
+            for _ in range(60):
+                await asyncio.sleep(0.25)
                 async with session.get(f"{sidecar}/metrics") as r:
                     text = await r.text()
-                if _value(text, ce.KV_INFLIGHT_TOKENS.name, model_name=model) == sum(counts):
+                tokens = _value(text, ce.KV_INFLIGHT_TOKENS.name, model_name=model)
+                blocks = _value(text, ce.KV_INFLIGHT_BLOCKS.name, model_name=model)
+                ratio = _value(text, ce.KV_FRAGMENTATION.name, model_name=model)
+                if tokens and blocks and ratio is not None:
+                    seen.append((tokens, blocks, ratio))
+                if load.done():
                     break
-            if ce.SCRAPE_UP.name not in text:
-                pytest.fail("the sidecar's /metrics has no engine families: serving/app.py does not plug in "
-                            "serving.engine_watch.engine_watch_ctx yet")
-            ratio = _value(text, ce.KV_FRAGMENTATION.name, model_name=model)
-            expected = 1 - sum(counts) / sum(math.ceil(c / 32) * 32 for c in counts)
-            assert ratio == pytest.approx(expected)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await load
+    assert seen, "the sidecar never exported in-flight fragmentation while three streams were running"
+    for tokens, blocks, ratio in seen:
+        assert ratio == pytest.approx(1 - tokens / (blocks * 32))
+        assert 0.0 <= ratio <= 1.0
+    assert max(t for t, _, _ in seen) >= sum(prompt_tokens)
