@@ -208,7 +208,7 @@ def prefill_share_per_request() -> Query:
 
 
 def alerts_firing() -> Query:
-    """Alerts firing now; 0 when Prometheus has no ALERTS series (nothing pending or firing)."""
+    """Alerts firing now; 0 when Prometheus has no alert series (nothing pending or firing)."""
     return Query(f'count({external.ALERTS.name}{{alertstate="firing"}}) or vector(0)', "firing", instant=True)
 
 
