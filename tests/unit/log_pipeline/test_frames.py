@@ -25,6 +25,11 @@ def _json_lines_size(records: list[dict[str, Any]]) -> int:
     return sum(len(json.dumps(r, ensure_ascii=False, separators=(",", ":")).encode()) + 1 for r in records)
 
 
+def _forms(payload: bytes) -> dict[str, str]:
+    head = json.loads(payload.partition(b"\n")[0])
+    return {head["k"][int(i)]: form for i, form in head.get("f", {}).items()} | head.get("f", {})
+
+
 class TestRecordPayload:
     @given(_records)
     def test_any_json_records_round_trip(self, records: list[dict[str, Any]]) -> None:
@@ -40,7 +45,7 @@ class TestRecordPayload:
         """A column of canonical ts strings is delta-encoded (t flag) and restored to the same strings."""
         records = make_records(50)
         encoded = frames.encode_records(records)
-        assert b'"t":1' in encoded.payload
+        assert _forms(encoded.payload)["0"] == "t"
         assert frames.decode_records(encoded.payload) == records
         assert encoded.ts_min_ms == frames.ts_to_ms(records[0]["ts"])
         assert encoded.ts_max_ms == frames.ts_to_ms(records[-1]["ts"])
@@ -50,14 +55,34 @@ class TestRecordPayload:
         records = make_records(3)
         records[1]["ts"] = "2025-08-07T12:00:00.000+02:00"
         encoded = frames.encode_records(records)
-        assert b'"t":1' not in encoded.payload
+        assert "0" not in _forms(encoded.payload)
         assert encoded.ts_min_ms == frames.NO_TS
         assert frames.decode_records(encoded.payload) == records
+
+    def test_ids_categories_and_tenths_take_their_compact_forms(self) -> None:
+        """Hex ids go binary, few-valued columns get codes, one-decimal floats become tenths."""
+        records = make_records(64)
+        forms = _forms(frames.encode_records(records).payload)
+        assert (forms["trace_id"], forms["span_id"], forms["model"], forms["e2e_ms"]) == ("h", "h", "d", "x")
+        assert "prompt_tokens" not in forms
+
+    def test_lookalike_values_keep_their_exact_type_and_text(self) -> None:
+        """Uppercase hex, -0.0, True next to 1, and two-decimal floats all come back unchanged."""
+        records = [
+            {"id": f"ABCDEF{i:010X}", "z": -0.0 if i == 3 else 1.5, "b": True if i % 2 else 1, "f": 0.25 * i}
+            for i in range(40)
+        ]
+        encoded = frames.encode_records(records)
+        assert set(_forms(encoded.payload)) & {"id", "z", "f"} == set()
+        decoded = frames.decode_records(encoded.payload)
+        assert decoded == records
+        assert [type(r["b"]) for r in decoded] == [type(r["b"]) for r in records]
+        assert str(decoded[3]["z"]) == "-0.0"
 
     def test_a_malformed_payload_is_a_value_error(self) -> None:
         """Columns of different lengths are refused."""
         with pytest.raises(ValueError, match="line up"):
-            frames.decode_records(b'{"k":["a","b"],"c":[[1,2],[3]]}')
+            frames.decode_records(b'{"n":2,"k":["a","b"],"c":[[1,2],[3]]}')
 
 
 class TestHeader:
