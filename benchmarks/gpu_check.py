@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "uuid,index,name,memory.used,memory.total,power.draw,temperature.gpu,utilization.gpu,driver_version"
@@ -34,10 +35,10 @@ def _smi() -> dict[str, dict[str, str]]:
     return rows
 
 
-def _ours() -> dict[str, dict[str, object]]:
+def _ours() -> dict[str, dict[str, Any]]:
     out = subprocess.run(
         [sys.executable, "-m", "serving.cli", "gpu", "snapshot", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        check=False, capture_output=True, text=True, cwd=ROOT, timeout=120,
     )
     if out.returncode != 0:
         raise RuntimeError(f"inferwatch gpu snapshot failed ({out.returncode}): {out.stderr.strip()}")
