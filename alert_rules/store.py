@@ -111,6 +111,17 @@ class SeriesStore:
         series.trim(t_ms)
         return True
 
+    def backfill(self, labels: Labels, ts: array, vs: array, retention_ms: int | None = None) -> None:
+        """Install a whole series at once (sorted timestamps in ms, values); replaces any held samples."""
+        name = labels[0][1] if labels and labels[0][0] == NAME else ""
+        family = self._by_name.setdefault(name, {})
+        if labels not in family:
+            self._count += 1
+            self._sorted.pop(name, None)
+        series = family[labels] = Series(labels, retention_ms or self.retention_ms)
+        series.ts, series.vs = array("q", ts), array("d", vs)
+        series.special = sum(1 for v in series.vs if math.isnan(v))
+
     def extend(self, samples: Iterable[tuple[Labels, float]], t_ms: int, retention_ms: int | None = None) -> int:
         """Append many samples at one timestamp; returns how many were kept."""
         return sum(1 for labels, value in samples if self.append(labels, t_ms, value, retention_ms))

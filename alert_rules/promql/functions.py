@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+from itertools import islice
 
 NAN = math.nan
 INF = math.inf
@@ -35,7 +37,7 @@ def extrapolated_rate(
         return None
     first = vs[0]
     result = vs[-1] - first
-    if is_counter:
+    if is_counter and any(map(operator.gt, vs, islice(vs, 1, None))):  # C-speed scan for a reset
         prev = first
         for v in vs[1:]:
             if v < prev:
