@@ -12,6 +12,7 @@ XID errors come from :class:`XidWatcher`, whose :meth:`XidWatcher.run` is meant 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -81,6 +82,17 @@ class GpuSnapshot:
     errors: tuple[tuple[int, str, str, str, int], ...] = ()
     xids: tuple[XidCount, ...] = ()
     duration_seconds: float = 0.0
+
+
+def load_pynvml() -> Any:
+    """Import the real ``pynvml`` (from nvidia-ml-py); NvmlUnavailable when it is not installed.
+
+    The import loads no driver; only ``nvmlInit`` does (see :meth:`NvmlReader.open`).
+    """
+    try:
+        return importlib.import_module("pynvml")
+    except ImportError as err:
+        raise NvmlUnavailable("NVML is unavailable: the nvidia-ml-py package is not installed") from err
 
 
 class _LostError(Exception):

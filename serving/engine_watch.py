@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,7 +39,7 @@ from exporters.collectors import (
 )
 from exporters.errors import NvmlUnavailable
 from exporters.inflight import InFlightTokens
-from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher
+from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher, load_pynvml
 from exporters.process_health import ProcessHealth, ProcessSnapshot
 from exporters.vllm_parse import EMPTY, EngineSnapshot, parse_exposition
 from serving.config import Settings
@@ -185,10 +184,9 @@ class EngineWatch:
     def open_gpu(self) -> bool:
         """Initialise NVML; on failure log one line and leave the GPU exporter disabled."""
         try:
-            module = self._nvml_module or importlib.import_module("pynvml")
-            reader = NvmlReader(module)
+            reader = NvmlReader(self._nvml_module or load_pynvml())
             reader.open()
-        except (NvmlUnavailable, ImportError) as err:
+        except NvmlUnavailable as err:
             log.warning("gpu_exporter_disabled", reason=str(err))
             return False
         self._reader, self.gpu_available = reader, True

@@ -19,15 +19,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _snapshot(args: argparse.Namespace) -> int:
     from exporters.errors import NvmlUnavailable
-    from exporters.nvml import NvmlReader
+    from exporters.nvml import NvmlReader, load_pynvml
 
     try:
-        import pynvml
-    except ImportError:
-        print("inferwatch: NVML is unavailable: the nvidia-ml-py package is not installed", file=sys.stderr)
-        return 1
-    reader = NvmlReader(pynvml)
-    try:
+        reader = NvmlReader(load_pynvml())
         reader.open()
     except NvmlUnavailable as err:
         print(f"inferwatch: {err} (no NVIDIA driver or GPU on this machine?)", file=sys.stderr)

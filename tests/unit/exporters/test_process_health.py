@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
+import psutil
 import pytest
 
 from exporters.process_health import ProcessHealth, gpu_memory_of, is_oom_message
@@ -61,3 +63,57 @@ def test_gpu_memory_of_sums_only_the_upstream_pids() -> None:
     """GPU memory sums the listed pids' usage and skips unknown (None) values."""
     assert gpu_memory_of([1, 2], [(1, 100), (2, None), (3, 50), (2, 20)]) == 120
     assert gpu_memory_of([9], [(1, 100)]) is None
+
+
+class _FakeProc:
+    def __init__(self, pid: int, cmdline: list[str], rss: int = 100) -> None:
+        self.pid, self.info, self._rss = pid, {"pid": pid, "cmdline": cmdline}, rss
+
+    def is_running(self) -> bool:
+        return _FakePs.alive.get(self.pid, False)
+
+    def ppid(self) -> int:
+        return 1
+
+    def children(self, recursive: bool = False) -> list[_FakeProc]:
+        return []
+
+    def memory_info(self) -> object:
+        return type("M", (), {"rss": self._rss})()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return _FakePs.exit_codes.get(self.pid, 0)
+
+
+class _FakePs:
+    """A psutil stand-in with a process table the test edits."""
+
+    Error = psutil.Error
+    NoSuchProcess = psutil.NoSuchProcess
+    AccessDenied = psutil.AccessDenied
+    TimeoutExpired = psutil.TimeoutExpired
+
+    alive: ClassVar[dict[int, bool]] = {}
+    exit_codes: ClassVar[dict[int, int]] = {}
+    table: ClassVar[list[_FakeProc]] = []
+
+    @classmethod
+    def process_iter(cls, _attrs: list[str]) -> list[_FakeProc]:
+        return [p for p in cls.table if cls.alive.get(p.pid)]
+
+
+def test_pid_change_counts_a_restart_and_a_killed_child_an_oom() -> None:
+    """When the matched server is replaced by a new pid it counts one restart; exit 137 counts one OOM."""
+    _FakePs.table = [_FakeProc(100, ["python", "-m", "vllm.entrypoints.openai.api_server"], rss=5)]
+    _FakePs.alive = {100: True}
+    _FakePs.exit_codes = {100: 137}
+    health = ProcessHealth(name_pattern=r"vllm\.entrypoints", ps=_FakePs)
+    first = health.poll()
+    assert first.pids == (100,)
+    assert first.rss_bytes == 5
+    _FakePs.alive = {100: False, 200: True}
+    _FakePs.table.append(_FakeProc(200, ["python", "-m", "vllm.entrypoints.openai.api_server"]))
+    second = health.poll()
+    assert second.pids == (200,)
+    assert dict(second.restarts)["pid_change"] == 1
+    assert dict(second.oom_events)["exit_status"] == 1
