@@ -156,14 +156,15 @@ class ArchiveWriter:
         encoded = frames.encode_records(records)
         compressor = segment.compressor or self._plain
         payload = compressor.compress(encoded.payload)
+        body = payload + encoded.binary
         header = frames.FrameHeader(
             frames.KIND_RECORDS, segment.dict_id, encoded.n_records, len(encoded.payload), len(payload),
-            encoded.json_bytes, encoded.ts_min_ms, encoded.ts_max_ms, _crc(payload),
+            len(encoded.binary), encoded.json_bytes, encoded.ts_min_ms, encoded.ts_max_ms, _crc(body),
         )
         frame_no = len(segment.offsets)
         offset = segment.size
         try:
-            segment.write(header.pack() + payload)
+            segment.write(header.pack() + body)
         except OSError as err:
             self._abandon(segment, err, len(records))
             return
@@ -175,7 +176,7 @@ class ArchiveWriter:
         )
         self.stats.records += len(records)
         self.stats.frames += 1
-        self.stats.bytes_written += frames.FRAME_OVERHEAD + len(payload)
+        self.stats.bytes_written += frames.FRAME_OVERHEAD + len(body)
         self.stats.json_bytes += encoded.json_bytes
         if segment.samples is not None and self.config.use_dictionary:
             segment.samples.extend(records)
@@ -214,7 +215,7 @@ class ArchiveWriter:
         content = trained.as_bytes()
         payload = self._plain.compress(content)
         header = frames.FrameHeader(
-            frames.KIND_DICTIONARY, dict_id, 0, len(content), len(payload), 0, payload_crc=_crc(payload)
+            frames.KIND_DICTIONARY, dict_id, 0, len(content), len(payload), payload_crc=_crc(payload)
         )
         try:
             segment.write(header.pack() + payload)

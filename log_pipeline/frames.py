@@ -3,13 +3,14 @@
 On disk a frame is a zstd *skippable frame* carrying our header (so ``zstd -d`` walks a segment
 without error), followed by the compressed payload, itself one zstd frame::
 
-    u32 0x184D2A5E | u32 52 | header (48 bytes, see HEADER) | u32 crc32(header) | payload
+    u32 0x184D2A5E | u32 56 | header (52 bytes, see HEADER) | u32 crc32(header) | payload | binary
 
-A ``records`` payload is the frame's records transposed into columns: a compact JSON head, then
-(after a newline) the raw bytes of any hex-id columns::
+A ``records`` payload is the frame's records transposed into columns, as compact JSON; the raw
+bytes of its hex-id columns follow the compressed payload uncompressed (random bytes do not
+compress, and zstd would spend a little on them)::
 
     {"n": rows, "k": [keys...], "c": [column...], "a": {"i": [rows lacking key i]},
-     "f": {"i": form of column i}}\n<binary>
+     "f": {"i": form of column i}}
 
 Columns of like values compress far better than rows. A column's form is ``t`` (canonical
 ``YYYY-MM-DDTHH:MM:SS.mmmZ`` timestamps as millisecond deltas), ``h`` (lowercase hex ids as raw
@@ -42,9 +43,10 @@ KIND_RECORDS = 1
 KIND_DICTIONARY = 2
 
 _PREFIX = struct.Struct("<II")
-HEADER = struct.Struct("<4sBBHIIIIIqqI")
-"""tag, version, kind, flags, dict_id, n_records, raw_len, comp_len, json_len, ts_min_ms, ts_max_ms,
-payload_crc; ``json_len`` is the size of the records as compact JSON lines (for ratios)."""
+HEADER = struct.Struct("<4sBBHIIIIIIqqI")
+"""tag, version, kind, flags, dict_id, n_records, raw_len, comp_len, bin_len, json_len, ts_min_ms,
+ts_max_ms, crc; ``json_len`` is the size of the records as compact JSON lines (for ratios) and
+``crc`` covers the compressed payload and the binary section."""
 _CRC = struct.Struct("<I")
 PREFIX_SIZE = _PREFIX.size
 FRAME_OVERHEAD = _PREFIX.size + HEADER.size + _CRC.size
@@ -69,6 +71,7 @@ class FrameHeader:
     n_records: int
     raw_len: int
     comp_len: int
+    bin_len: int = 0
     json_len: int = 0
     ts_min_ms: int = NO_TS
     ts_max_ms: int = NO_TS
@@ -79,7 +82,7 @@ class FrameHeader:
         """The header bytes, skippable-frame prefix and header checksum included."""
         body = HEADER.pack(
             TAG, VERSION, self.kind, self.flags, self.dict_id, self.n_records, self.raw_len,
-            self.comp_len, self.json_len, self.ts_min_ms, self.ts_max_ms, self.payload_crc,
+            self.comp_len, self.bin_len, self.json_len, self.ts_min_ms, self.ts_max_ms, self.payload_crc,
         )
         return _PREFIX.pack(SKIPPABLE_MAGIC, HEADER.size + _CRC.size) + body + _CRC.pack(zlib.crc32(body))
 
@@ -95,14 +98,16 @@ def unpack_header(data: bytes) -> FrameHeader:
     (crc,) = _CRC.unpack_from(data, PREFIX_SIZE + HEADER.size)
     if zlib.crc32(body) != crc:
         raise ValueError("header checksum mismatch")
-    tag, version, kind, flags, dict_id, n, raw_len, comp_len, json_len, ts_min, ts_max, pcrc = HEADER.unpack(body)
+    tag, version, kind, flags, dict_id, n, raw_len, comp_len, bin_len, json_len, ts_min, ts_max, pcrc = (
+        HEADER.unpack(body)
+    )
     if tag != TAG:
         raise ValueError(f"unknown header tag {tag!r}")
     if version != VERSION:
         raise ValueError(f"unsupported frame version {version}")
     if kind not in (KIND_RECORDS, KIND_DICTIONARY):
         raise ValueError(f"unknown frame kind {kind}")
-    return FrameHeader(kind, dict_id, n, raw_len, comp_len, json_len, ts_min, ts_max, pcrc, flags)
+    return FrameHeader(kind, dict_id, n, raw_len, comp_len, bin_len, json_len, ts_min, ts_max, pcrc, flags)
 
 
 def ts_to_ms(ts: object) -> int | None:
@@ -129,6 +134,7 @@ class EncodedRecords:
     """A frame's payload before compression, with what the header needs."""
 
     payload: bytes
+    binary: bytes
     n_records: int
     json_bytes: int
     ts_min_ms: int
@@ -264,10 +270,7 @@ def encode_records(records: Sequence[dict[str, Any]]) -> EncodedRecords:
         head += ',"a":' + _DUMPS(absent)
     if forms:
         head += ',"f":' + _DUMPS(forms)
-    payload = (head + "}").encode()
-    if blob:
-        payload += b"\n" + b"".join(blob)
-    return EncodedRecords(payload, n, json_bytes, ts_min, ts_max)
+    return EncodedRecords((head + "}").encode(), b"".join(blob), n, json_bytes, ts_min, ts_max)
 
 
 def _cumulative(deltas: list[int]) -> list[int]:
@@ -279,10 +282,9 @@ def _cumulative(deltas: list[int]) -> list[int]:
     return out
 
 
-def decode_records(payload: bytes) -> list[dict[str, Any]]:
-    """Rebuild the records of a columnar payload; raises ValueError if it is malformed."""
-    head, _, blob = payload.partition(b"\n")
-    doc = _DECODE(head.decode())
+def decode_records(payload: bytes, binary: bytes = b"") -> list[dict[str, Any]]:
+    """Rebuild the records of a columnar payload and its binary section; ValueError if malformed."""
+    doc = _DECODE(payload.decode())
     if not isinstance(doc, dict) or not isinstance(doc.get("k"), list) or not isinstance(doc.get("c"), list):
         raise ValueError("payload is not a columnar record block")
     keys: list[str] = doc["k"]
@@ -294,7 +296,7 @@ def decode_records(payload: bytes) -> list[dict[str, Any]]:
         raise ValueError("payload has no record count")
     forms: dict[str, str] = doc.get("f") or {}
     try:
-        _restore(columns, forms, blob, n)
+        _restore(columns, forms, binary, n)
     except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise ValueError(f"payload column is malformed: {err!r}") from err
     if any(len(c) != n for c in columns):

@@ -36,11 +36,12 @@ class Frame:
     offset: int
     header: frames.FrameHeader
     payload: bytes
+    binary: bytes = b""
 
     @property
     def end(self) -> int:
         """Byte offset just past this frame."""
-        return self.offset + frames.FRAME_OVERHEAD + self.header.comp_len
+        return self.offset + frames.FRAME_OVERHEAD + self.header.comp_len + self.header.bin_len
 
 
 class SegmentReader:
@@ -83,14 +84,13 @@ class SegmentReader:
         except ValueError as err:
             raise CorruptFrameError(str(self.path), offset, str(err)) from err
         start = offset + frames.FRAME_OVERHEAD
-        payload = self._data[start:start + header.comp_len]
-        if len(payload) < header.comp_len:
-            raise CorruptFrameError(
-                str(self.path), offset, f"truncated payload ({len(payload)} of {header.comp_len} bytes)"
-            )
-        if zlib.crc32(payload) != header.payload_crc:
+        size = header.comp_len + header.bin_len
+        body = self._data[start:start + size]
+        if len(body) < size:
+            raise CorruptFrameError(str(self.path), offset, f"truncated payload ({len(body)} of {size} bytes)")
+        if zlib.crc32(body) != header.payload_crc:
             raise CorruptFrameError(str(self.path), offset, "payload checksum mismatch")
-        return Frame(offset, header, payload)
+        return Frame(offset, header, body[:header.comp_len], body[header.comp_len:])
 
     def _resync(self, offset: int) -> int | None:
         """The offset of the next frame after ``offset`` whose header is intact, or None."""
@@ -162,7 +162,7 @@ class SegmentReader:
         decompressor = self._decompressor(frame.header.dict_id, frame.offset)
         try:
             raw = decompressor.decompress(frame.payload, max_output_size=frame.header.raw_len)
-            rows = frames.decode_records(raw)
+            rows = frames.decode_records(raw, frame.binary)
         except (zstandard.ZstdError, ValueError, UnicodeDecodeError) as err:
             raise CorruptFrameError(str(self.path), frame.offset, f"undecodable payload: {err}") from err
         if len(rows) != frame.header.n_records:
