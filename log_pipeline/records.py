@@ -51,9 +51,11 @@ def event_from_record(
 ) -> dict[str, Any]:
     """The log event of a finished request.
 
-    ``ts`` is the end of the request (start + e2e). ``slow`` is true when ``sla_s`` is set and the
-    request took longer. ``error_type``/``error_message`` appear on failures only (the message is
-    cut to 512 characters). The prompt's hash and length appear only with ``capture_prompt_hash``.
+    ``ts`` is the end of the request (start + e2e); ``queue_ms`` is the wait until the upstream
+    answered with a status line (``accept_s``); ``itl_ms`` the mean gap between chunks. ``slow`` is
+    true when ``sla_s`` is set and the request took longer. ``error_type``/``error_message``
+    appear on failures only (the message is cut to 512 characters). The prompt's hash and length
+    appear only with ``capture_prompt_hash``.
     """
     outcome = Outcome(record.outcome)
     e2e_s = record.e2e_s

@@ -1,9 +1,9 @@
 """The request-record sink: sample, count, and queue kept records for a writer thread.
 
-``RecordSink._admit`` (behind ``offer`` and ``put``) is the one place where records are counted:
-seen, kept by reason, dropped by reason (the ``LOG_RECORDS_*`` specs of
-``exporters.catalog.pipeline``). ``offer`` never blocks: when the bounded queue is full the
-record is dropped and counted as ``queue_full``. The writer thread owns the
+Records are counted in one place, :meth:`RecordSink._admit` and the enqueue that follows it
+(shared by ``offer`` and ``put``): seen, kept by reason, dropped by reason (the ``LOG_RECORDS_*``
+specs of ``exporters.catalog.pipeline``), so that seen = kept + dropped. ``offer`` never
+blocks: when the bounded queue is full the record is dropped and counted as ``queue_full``. The writer thread owns the
 :class:`~log_pipeline.archive.ArchiveWriter`, closes frames on time even when no record arrives,
 and publishes the open segment on :meth:`RecordSink.close`.
 """
