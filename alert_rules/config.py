@@ -201,18 +201,6 @@ class RulesConfig:
                                                    check=_whole_positive_seconds)
     alertmanager_repeat_interval_s: float = setting(14400.0, "Alertmanager repeat_interval.",
                                                     check=_whole_positive_seconds)
-    # The embedded evaluator.
-    alertmanager_url: str = setting(
-        "", "Alertmanager base URL the embedded evaluator notifies (API v2); empty = none.",
-        check=_optional_url,
-    )
-    state_file: str = setting(
-        "", "File keeping pending and firing alerts across sidecar restarts; empty = no state kept."
-    )
-    retention_s: float = setting(
-        3900.0, "Seconds of raw samples kept per series by the embedded evaluator.",
-        check=_whole_positive_seconds,
-    )
 
     def sla_for(self, model: str) -> float:
         """The end-to-end latency SLA of a model, in seconds."""

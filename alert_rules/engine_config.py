@@ -19,7 +19,6 @@ class EngineConfig:
     """Section ``[rule_engine]``: evaluation, storage bounds, notification targets."""
 
     enabled: bool = setting(True, "Run the embedded rule engine inside the sidecar.")
-    interval_s: float = setting(15.0, "Seconds between ingest-and-evaluate cycles.", check=positive)
     retention_s: float = setting(
         3 * 3600.0, "Seconds of raw samples kept per scraped series (covers the longest raw range "
         "a rule reads).", check=positive,

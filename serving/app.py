@@ -12,6 +12,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
+from alert_rules.render import rule_groups
 from exporters.inflight import InFlightTokens
 from exporters.records import RequestRecord
 from exporters.request_metrics import RequestMetrics
@@ -21,6 +22,7 @@ from log_pipeline.sink import RecordSink
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
+from serving.rule_engine import rule_engine_ctx
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy
 from serving.tracing import Tracing
 
@@ -83,6 +85,11 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.cleanup_ctx.append(_readiness_job)
     app.cleanup_ctx.append(engine_watch_ctx(settings, registry, session, app[INFLIGHT],
                                             readiness=lambda: readiness.last_ok))
+    app.cleanup_ctx.append(rule_engine_ctx(
+        settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
+        registry, latest_vllm_text=lambda: app[ENGINE_WATCH].latest_text if ENGINE_WATCH in app else None,
+        interval_s=settings.rules.evaluation_interval_s,
+    ))
     app.on_cleanup.append(_shutdown_tracing)
 
     app.router.add_get("/metrics", metrics_handler(registry))

@@ -1,6 +1,6 @@
 """The sidecar's embedded rule engine: ingest scrapes into the store, evaluate, notify.
 
-Every ``rule_engine.interval_s`` (apscheduler) one cycle runs in a worker thread: samples from
+Every ``rules.evaluation_interval_s`` (apscheduler; the same interval the rule files carry) one cycle runs in a worker thread: samples from
 the sidecar's own registry and from the latest raw vLLM exposition are appended at the current
 time (series that vanished get a stale marker, as Prometheus writes them), due groups are
 evaluated, and alerts are posted to Alertmanager's API v2, a webhook and/or stdout. Errors are
@@ -81,7 +81,7 @@ class RuleRunner:
                  registry: CollectorRegistry | None = None,
                  latest_vllm_text: Callable[[], str | None] | None = None,
                  post: Callable[[str, bytes], None] | None = None,
-                 metrics_registry: CollectorRegistry | None = None) -> None:
+                 metrics_registry: CollectorRegistry | None = None, interval_s: float = 15.0) -> None:
         self.config = config
         self.registry = registry
         self.latest_vllm_text = latest_vllm_text
@@ -89,7 +89,7 @@ class RuleRunner:
         self.store = SeriesStore(int(config.retention_s * 1000), config.max_series)
         self.engine = RuleEngine(
             load_groups(rule_document, "rule groups"), self.store,
-            default_interval_ms=int(config.interval_s * 1000), lookback_ms=int(config.lookback_s * 1000),
+            default_interval_ms=int(interval_s * 1000), lookback_ms=int(config.lookback_s * 1000),
             recorded_retention_ms=int(config.recorded_retention_s * 1000),
             resend_delay_ms=int(config.resend_delay_s * 1000), external_url=config.external_url,
         )
@@ -208,8 +208,10 @@ def rule_engine_ctx(
     rule_groups: Callable[[], Mapping[str, Any]],
     registry: CollectorRegistry,
     latest_vllm_text: Callable[[], str | None] | None = None,
+    *,
+    interval_s: float = 15.0,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """An aiohttp ``cleanup_ctx`` factory running the engine every ``config.interval_s``."""
+    """An aiohttp ``cleanup_ctx`` factory running the engine every ``interval_s`` (the rules' interval)."""
 
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         if not config.enabled:
@@ -228,7 +230,7 @@ def rule_engine_ctx(
             asyncio.run_coroutine_threadsafe(send(), loop).result(config.send_timeout_s + 1)
 
         try:
-            runner = RuleRunner(config, rule_groups(), registry, latest_vllm_text, post, registry)
+            runner = RuleRunner(config, rule_groups(), registry, latest_vllm_text, post, registry, interval_s)
         except Exception:
             log.exception("rule engine: cannot start; alerts will not be evaluated in the sidecar")
             await session.close()
@@ -243,7 +245,7 @@ def rule_engine_ctx(
                 await loop.run_in_executor(None, runner.step)
 
         scheduler = AsyncIOScheduler(event_loop=loop)
-        scheduler.add_job(tick, "interval", seconds=config.interval_s, max_instances=1, coalesce=True)
+        scheduler.add_job(tick, "interval", seconds=interval_s, max_instances=1, coalesce=True)
         scheduler.start()
         try:
             yield

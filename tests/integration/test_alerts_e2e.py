@@ -26,7 +26,6 @@ from serving.config import build_settings
 from tests.harness import servers
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
-pytest.importorskip("serving.rule_engine", reason="the sidecar's embedded rule engine is not wired yet")
 
 DEADLINE_S = 120.0
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 6
@@ -138,9 +137,9 @@ def test_preemption_storm_and_errors_page_through_both_evaluators(
     config = tmp_path / "sidecar.toml"
     config.write_text(
         "[rules]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in rules.items() if not isinstance(v, dict))
-        + f'\nalertmanager_url = "{alertmanager.base_url}"\n'
-        + "[rules.alertmanager_receivers]\n"
+        + "\n[rules.alertmanager_receivers]\n"
         + "\n".join(f'{k} = "{v}"' for k, v in rules["alertmanager_receivers"].items()) + "\n"
+        + f'[rule_engine]\nalertmanager_url = "{alertmanager.base_url}"\n'
     )
     sidecar = servers.start_sidecar(
         vllm_tiny_kv_server.base_url, tmp_path,
