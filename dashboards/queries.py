@@ -15,7 +15,7 @@ from alert_rules.config import RulesConfig
 from alert_rules.spec import any_of, duration, number
 from alert_rules.windows import windows_used
 from dashboards import external
-from exporters.catalog import engine, gpu, pipeline, process, request, vllm
+from exporters.catalog import engine, gpu, pipeline, process, request, rules, vllm
 from exporters.catalog.spec import MetricSpec
 
 RATE = "$__rate_interval"
@@ -659,6 +659,28 @@ def notifications(prometheus_job: str) -> list[Query]:
         Query(f"sum(rate({external.NOTIFICATIONS_SENT.name}{job}[{RATE}]))", "sent"),
         Query(f"sum(rate({external.NOTIFICATIONS_ERRORS.name}{job}[{RATE}]))", "failed"),
         Query(f"sum(rate({external.NOTIFICATIONS_DROPPED.name}{job}[{RATE}]))", "dropped"),
+    ]
+
+
+def embedded_evaluation() -> list[Query]:
+    """The sidecar's embedded rule engine: p90 cycle time and failed evaluations per second."""
+    return [
+        Query(quantile(0.9, rules.RULE_EVALUATION_SECONDS, ""), "embedded p90 cycle"),
+        Query(f"sum({rate(rules.RULE_EVALUATION_FAILURES)})", "embedded failures/s"),
+    ]
+
+
+def embedded_notifications() -> Query:
+    """Alerts per second the embedded engine sent, by target and result; 0 before the first one."""
+    sent = by("target, result", rate(rules.RULE_NOTIFICATIONS))
+    return Query(f"{sent} or (sum({sel(rules.RULE_STORED_SERIES)}) * 0)", "{{target}} {{result}}")
+
+
+def embedded_alerts() -> list[Query]:
+    """Alerts the embedded engine holds by state, and the series in its store."""
+    return [
+        Query(by("state", sel(rules.RULE_ALERTS), "max"), "{{state}}"),
+        Query(f"max({sel(rules.RULE_STORED_SERIES)})", "stored series"),
     ]
 
 

@@ -43,6 +43,12 @@ def items(config: DashboardConfig, _rules: RulesConfig) -> list[Spec | Row]:
                    "rule evaluation failures per second.", "s", q.rule_evaluation_time(), width=12),
         timeseries("Notifications", "Alert notifications per second Prometheus sent to Alertmanager, failed to "
                    "send, and dropped.", "ops", q.notifications(config.prometheus_job), width=12),
+        timeseries("Embedded rule engine", "The sidecar's own rule engine: p90 seconds of one ingest-and-evaluate "
+                   "cycle, and failed evaluations per second.", "s", q.embedded_evaluation()),
+        timeseries("Embedded notifications", "Alerts per second the sidecar's rule engine sent, by target and "
+                   "result (sent, failed).", "ops", q.embedded_notifications()),
+        timeseries("Embedded alerts", "Alerts the sidecar's rule engine holds by state, and the series in its "
+                   "store.", "short", q.embedded_alerts()),
     ]
 
 
