@@ -272,16 +272,28 @@ class ProcessCollector(Collector):
     """The upstream-process families from the latest :class:`ProcessSnapshot` and GPU snapshot."""
 
     def __init__(
-        self, snapshot: Callable[[], ProcessSnapshot | None], gpu: Callable[[], GpuSnapshot | None]
+        self, snapshot: Callable[[], ProcessSnapshot | None], gpu: Callable[[], GpuSnapshot | None],
+        *, watching: bool = True,
     ) -> None:
         self._snapshot = snapshot
         self._gpu = gpu
+        self._watching = watching  # False: no pid/pattern configured, only the OOM and restart counters
 
     def collect(self) -> Iterator[Metric]:
         """Build the process families."""
         snap = self._snapshot()
         if snap is None:
             return
+        if self._watching:
+            yield from self._process_families(snap)
+        restarts, oom = _counter(cp.PROCESS_RESTARTS), _counter(cp.PROCESS_OOM_EVENTS)
+        for reason, n in snap.restarts:
+            restarts.add_metric([reason], n)
+        for source, n in snap.oom_events:
+            oom.add_metric([source], n)
+        yield from (restarts, oom)
+
+    def _process_families(self, snap: ProcessSnapshot) -> Iterator[Metric]:
         up, count = _gauge(cp.PROCESS_UP), _gauge(cp.PROCESS_COUNT)
         up.add_metric([], 1.0 if snap.found else 0.0)
         count.add_metric([], len(snap.pids))
@@ -297,12 +309,6 @@ class ProcessCollector(Collector):
                 fam = _gauge(cp.PROCESS_GPU_MEMORY)
                 fam.add_metric([], used)
                 yield fam
-        restarts, oom = _counter(cp.PROCESS_RESTARTS), _counter(cp.PROCESS_OOM_EVENTS)
-        for reason, n in snap.restarts:
-            restarts.add_metric([reason], n)
-        for source, n in snap.oom_events:
-            oom.add_metric([source], n)
-        yield from (restarts, oom)
 
 
 def register_collectors(registry: CollectorRegistry, *collectors: Collector) -> None:

@@ -159,6 +159,10 @@ class ProcessHealth:
                 continue
         return self._snapshot(bool(pids), tuple(pids), rss if pids else None)
 
+    def counters(self) -> ProcessSnapshot:
+        """The restart and OOM counters alone (no process lookup): for when no process is watched."""
+        return self._snapshot(False, (), None)
+
     def _snapshot(self, found: bool, pids: tuple[int, ...], rss: int | None) -> ProcessSnapshot:
         with self._lock:
             return ProcessSnapshot(

@@ -102,8 +102,12 @@ class EngineWatch:
             collectors.append(EngineCollector(lambda: self.state, self.inflight))
         if self.settings.gpu.enabled:
             collectors.append(GpuCollector(lambda: self.gpu, lambda: self.gpu_available))
-        if self.process.enabled:
-            collectors.append(ProcessCollector(lambda: self.process_snapshot, lambda: self.gpu))
+        # The OOM and restart counters exist even when no process is watched: OOMs are also read
+        # from upstream error bodies, and alerts need the series at zero before the first event.
+        collectors.append(ProcessCollector(
+            lambda: self.process_snapshot or self.process.counters(), lambda: self.gpu,
+            watching=self.process.enabled,
+        ))
         register_collectors(registry, *collectors)
 
     # ---- scrape --------------------------------------------------------------------------------

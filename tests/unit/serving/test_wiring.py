@@ -75,7 +75,7 @@ async def test_upstream_oom_is_counted(tmp_path: Path, aiohttp_server: Callable[
             async with session.get(f"{base}/metrics") as r:
                 text = await r.text()
         oom_lines = [line for line in text.splitlines()
-                     if line.startswith("inferwatch_upstream_process_oom_events_total")]
+                     if line.startswith('inferwatch_upstream_process_oom_events_total{source="response_body"}')]
         assert oom_lines, "the OOM counter must be exposed"
         assert float(oom_lines[0].split()[-1]) == 3
 
