@@ -22,17 +22,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import zstandard  # noqa: E402
-from _common import machine, percentile, revision, write_section  # noqa: E402
-from logs_generate import events  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
+import zstandard
+from _common import machine, percentile, revision, write_section
+from logs_generate import events
+from prometheus_client import CollectorRegistry
 
-from log_pipeline.archive import ArchiveWriter  # noqa: E402
-from log_pipeline.config import LogConfig  # noqa: E402
-from log_pipeline.frames import encode_records  # noqa: E402
-from log_pipeline.query import Archive  # noqa: E402
-from log_pipeline.sampling import Sampler  # noqa: E402
-from log_pipeline.sink import RecordSink  # noqa: E402
+from log_pipeline.archive import ArchiveWriter
+from log_pipeline.config import LogConfig
+from log_pipeline.frames import encode_records
+from log_pipeline.query import Archive
+from log_pipeline.sampling import Sampler
+from log_pipeline.sink import RecordSink
 
 ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 COMMAND = "python benchmarks/logs_pipeline.py"
@@ -78,16 +78,15 @@ def compression(records: list[dict[str, Any]], label: str) -> list[str]:
     compressor = zstandard.ZstdCompressor(level=3, write_checksum=False)
     t_zstd, _ = _best(lambda: [compressor.compress(p) for p in payloads])
     mb = len(raw) / 1e6
-    rows = [
+    return [
         f"| {label}: gzip -6 of the JSON lines | {n:,} | {len(gz):,} | {len(gz) / n:.1f} | — | "
         f"{mb / t_gzip:.0f} (bytes in hand), {mb / t_gzip_e2e:.0f} (incl. JSON encoding) |",
         f"| {label}: archive, segments only | {n:,} | {data:,} | {data / n:.1f} | "
-        f"**{1 - data / len(gz):+.1%}** | {mb / t_arch:.0f} end to end (transpose + zstd-3 + dictionary + write); "
+        f"**{data / len(gz) - 1:+.1%}** | {mb / t_arch:.0f} end to end (transpose + zstd-3 + dictionary + write); "
         f"zstd alone on the columnar payloads {sum(map(len, payloads)) / 1e6 / t_zstd:.0f} |",
         f"| {label}: archive, segments + trace_id index | {n:,} | {data + index:,} | {(data + index) / n:.1f} | "
-        f"**{1 - (data + index) / len(gz):+.1%}** | |",
+        f"**{(data + index) / len(gz) - 1:+.1%}** | |",
     ]
-    return rows
 
 
 def ingest(lines: list[bytes]) -> list[str]:
@@ -127,8 +126,8 @@ def lookup(target_gb: float, base: list[dict[str, Any]]) -> list[str]:
     probes: list[str] = []
     started = time.perf_counter()
     while raw_bytes < target_gb * 1e9:
-        for record in base:
-            record = dict(record, trace_id=f"{rng.getrandbits(128):032x}")
+        for template in base:
+            record = dict(template, trace_id=f"{rng.getrandbits(128):032x}")
             writer.append(record)
             if rng.random() < 1e-4:
                 probes.append(record["trace_id"])
