@@ -22,8 +22,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import machine, percentile, revision, write_section  # noqa: E402
-from tests.harness.servers import ManagedProcess, free_port  # noqa: E402
+from benchmarks._common import machine, percentile, revision, write_section
+from tests.harness.servers import ManagedProcess, free_port
 
 TOKENS = 64
 
@@ -78,7 +78,9 @@ async def _round(session: aiohttp.ClientSession, url: str, stream: bool, concurr
     return out
 
 
-async def _measure(direct: str, sidecar: str, concurrency: int, stream: bool, total: int, rounds: int) -> dict[str, Round]:
+async def _measure(
+    direct: str, sidecar: str, concurrency: int, stream: bool, total: int, rounds: int
+) -> dict[str, Round]:
     connector = aiohttp.TCPConnector(limit=0)
     results = {"direct": Round(), "sidecar": Round()}
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -147,7 +149,8 @@ def main() -> int:
     ]
     for r in rows:
         table.append(
-            f"| {r['concurrency']} | {r['mode']} | {r['requests']} | {r['ttft_p50_ms']:.2f} ms | {r['ttft_p99_ms']:.2f} ms "
+            f"| {r['concurrency']} | {r['mode']} | {r['requests']} | {r['ttft_p50_ms']:.2f} ms "
+            f"| {r['ttft_p99_ms']:.2f} ms "
             f"| {r['e2e_p50_ms']:.2f} ms | {r['e2e_p99_ms']:.2f} ms | {r['direct_rps']:.0f} | {r['sidecar_rps']:.0f} "
             f"| {r['ratio']:.2f} | {r['errors']} |"
         )

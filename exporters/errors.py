@@ -33,5 +33,5 @@ class ExpositionParseError(InferwatchError, ValueError):
         super().__init__(f"{message}{where}")
 
 
-class NvmlUnavailable(InferwatchError, RuntimeError):
+class NvmlUnavailable(InferwatchError, RuntimeError):  # noqa: N818 - names the condition, as users read it
     """NVML cannot be loaded (no driver, no GPU, no library)."""

@@ -22,8 +22,8 @@ from log_pipeline.sink import RecordSink
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
-from serving.rule_engine import rule_engine_ctx
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy
+from serving.rule_engine import rule_engine_ctx
 from serving.tracing import Tracing
 
 log = structlog.get_logger(__name__)

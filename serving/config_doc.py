@@ -24,7 +24,8 @@ def _default(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return "{}" if not value else "{ " + ", ".join(f"{json.dumps(k)} = {_default(v)}" for k, v in value.items()) + " }"
+        items = ", ".join(f"{json.dumps(k)} = {_default(v)}" for k, v in value.items())
+        return "{ " + items + " }" if items else "{}"
     if isinstance(value, list):
         return "[" + ", ".join(_default(v) for v in value) + "]"
     return repr(value)

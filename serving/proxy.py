@@ -70,6 +70,18 @@ def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
     record.prompt_chars = len(text)
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """The request as it will be sent upstream, and what the client asked for."""
+
+    body: bytes
+    payload: dict[str, Any] | None = None
+    model: str | None = None
+    stream: bool = False
+    client_usage: bool = False
+    client_continuous: bool = False
+
+
 @dataclass
 class ProxyState:
     """Mutable state shared by the requests of one proxy."""
@@ -103,6 +115,7 @@ class Proxy:
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
         )
         self._state = ProxyState()
+        self._tokenize_timeout = aiohttp.ClientTimeout(total=2.0)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Proxy one request; never raises except on cancellation."""
@@ -131,57 +144,98 @@ class Proxy:
         self, request: web.Request, record: RequestRecord, span: Span, start_ns: int
     ) -> web.StreamResponse:
         trace_headers = {TRACE_HEADER: record.trace_id}
-        body = await request.read()
-        stream = False
-        client_usage = client_continuous = False
-        requested_model: str | None = None
-        if request.method == "POST" and record.route in GENERATION_ROUTES:
-            try:
-                payload = orjson.loads(body)
-                if not isinstance(payload, dict):
-                    raise ValueError("the body must be a JSON object")
-            except ValueError as err:  # orjson.JSONDecodeError is a ValueError
-                return self._refuse(record, 400, f"malformed JSON body: {err}", "invalid_request_error",
-                                    trace_headers)
-            requested_model = payload.get("model") if isinstance(payload.get("model"), str) else None
-            stream = bool(payload.get("stream"))
-            if self._capture_prompt_hash:
-                prompt_hash(payload, record)
-            if stream:
-                options = payload.get("stream_options")
-                options = dict(options) if isinstance(options, dict) else {}
-                client_usage = bool(options.get("include_usage"))
-                client_continuous = bool(options.get("continuous_usage_stats"))
-                options["include_usage"] = True
-                if self._live_usage:
-                    options["continuous_usage_stats"] = True
-                payload["stream_options"] = options
-                body = orjson.dumps(payload)
-        record.stream = stream
-        record.model = requested_model or "unknown"
+        try:
+            outgoing = self._prepare(request.method, record, await request.read())
+        except ValueError as err:
+            return self._refuse(record, 400, f"malformed JSON body: {err}", "invalid_request_error", trace_headers)
+        tokenizing = None
+        if outgoing.payload is not None and not outgoing.stream and self._live_usage and outgoing.model:
+            tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
+        try:
+            return await self._send(request, record, span, start_ns, outgoing, trace_headers)
+        finally:
+            if tokenizing is not None and not tokenizing.done():
+                tokenizing.cancel()
+
+    def _prepare(self, method: str, record: RequestRecord, body: bytes) -> Outgoing:
+        """Read a generation request's JSON and ask the upstream for the usage data we measure with.
+
+        Raises:
+            ValueError: the body of a generation request is not a JSON object.
+        """
+        outgoing = Outgoing(body)
+        if method != "POST" or record.route not in GENERATION_ROUTES:
+            return outgoing
+        payload = orjson.loads(body)  # orjson.JSONDecodeError is a ValueError
+        if not isinstance(payload, dict):
+            raise ValueError("the body must be a JSON object")
+        outgoing.payload = payload
+        model = payload.get("model")
+        outgoing.model = model if isinstance(model, str) else None
+        record.model = outgoing.model or "unknown"
+        outgoing.stream = record.stream = bool(payload.get("stream"))
+        if self._capture_prompt_hash:
+            prompt_hash(payload, record)
+        if outgoing.stream:
+            options = payload.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            outgoing.client_usage = bool(options.get("include_usage"))
+            outgoing.client_continuous = bool(options.get("continuous_usage_stats"))
+            options["include_usage"] = True
+            if self._live_usage:
+                options["continuous_usage_stats"] = True
+            payload["stream_options"] = options
+            outgoing.body = orjson.dumps(payload)
+        return outgoing
+
+    async def _count_prompt(self, payload: dict[str, Any], record: RequestRecord) -> None:
+        """Put a non-streamed request's prompt size in the live table (vLLM ``/tokenize``) while it runs."""
+        body: dict[str, Any] = {"model": payload["model"]}
+        if isinstance(payload.get("messages"), list):
+            body["messages"] = payload["messages"]
+        elif isinstance(payload.get("prompt"), str):
+            body["prompt"] = payload["prompt"]
+        else:
+            return
+        try:
+            async with self._session().post(self._upstream + "/tokenize", data=orjson.dumps(body),
+                                            headers={"Content-Type": "application/json"},
+                                            timeout=self._tokenize_timeout) as response:
+                if response.status != 200:
+                    return
+                count = (await response.json(loads=orjson.loads)).get("count")
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        if isinstance(count, int):
+            self._inflight.update(record.span_id, record.model, count)
+
+    async def _send(
+        self, request: web.Request, record: RequestRecord, span: Span, start_ns: int, outgoing: Outgoing,
+        trace_headers: dict[str, str],
+    ) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
         headers["Accept-Encoding"] = "identity"
         self._tracing.inject(span, headers)
         url = self._upstream + request.path_qs
         try:
             async with self._session().request(
-                request.method, url, data=body if body else None, headers=headers, timeout=self._timeout,
+                request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
                 allow_redirects=False,
             ) as upstream:
                 record.accept_s = (time.perf_counter_ns() - start_ns) / 1e9
                 record.http_status = upstream.status
                 record.outcome = classify_status(upstream.status)
-                record.model = self._model_label(requested_model, upstream.status)
+                record.model = self._model_label(outgoing.model, upstream.status)
                 response_headers = {
                     k: v for k, v in upstream.headers.items() if k.lower() not in RESPONSE_HEADERS_DROPPED
                 }
                 response_headers.update(trace_headers)
                 is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-                if stream and is_sse:
+                if outgoing.stream and is_sse:
                     return await self._stream(
                         request, upstream, response_headers, record, start_ns,
-                        strip_usage_chunk=not client_usage,
-                        strip_usage_field=self._live_usage and not client_continuous,
+                        strip_usage_chunk=not outgoing.client_usage,
+                        strip_usage_field=self._live_usage and not outgoing.client_continuous,
                     )
                 data = await upstream.read()
                 record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9

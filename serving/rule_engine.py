@@ -1,10 +1,10 @@
 """The sidecar's embedded rule engine: ingest scrapes into the store, evaluate, notify.
 
-Every ``rules.evaluation_interval_s`` (apscheduler; the same interval the rule files carry) one cycle runs in a worker thread: samples from
-the sidecar's own registry and from the latest raw vLLM exposition are appended at the current
-time (series that vanished get a stale marker, as Prometheus writes them), due groups are
-evaluated, and alerts are posted to Alertmanager's API v2, a webhook and/or stdout. Errors are
-logged and counted; they never stop the sidecar.
+Every ``rules.evaluation_interval_s`` (apscheduler; the interval the rule files carry) one
+cycle runs in a worker thread: samples from the sidecar's own registry and from the latest raw
+vLLM exposition are appended at the current time (series that vanished get a stale marker, as
+Prometheus writes them), due groups are evaluated, and alerts are posted to Alertmanager's API
+v2, a webhook and/or stdout. Errors are logged and counted; they never stop the sidecar.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It streams ``max_tokens`` one-word chunks with no delay (or ``token_delay_s`` each), honours
 ``stream_options.include_usage`` and ``continuous_usage_stats`` the way vLLM does, and shows
 faults on request: model ``fail`` -> 500, ``overloaded`` -> 503, ``oom`` -> 500 with an
-out-of-memory message, ``stall`` -> never answers, ``break`` -> stream cut after 2 chunks.
+out-of-memory message, ``stall`` -> never answers, ``slow`` -> answers after 0.5 s, ``break`` -> stream cut after 2 chunks.
 """
 
 from __future__ import annotations
@@ -38,11 +38,17 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_post("/tokenize", self.tokenize)
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
         """Always ready."""
         return web.Response(text="")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """Every prompt is PROMPT_TOKENS tokens long."""
+        await request.read()
+        return web.json_response({"count": PROMPT_TOKENS, "max_model_len": 2048, "tokens": []})
 
     async def models(self, _request: web.Request) -> web.Response:
         """One model."""
@@ -65,6 +71,8 @@ class FakeOpenAI:
             return web.json_response({"error": {"message": "queue full"}}, status=503)
         if model == "stall":
             await asyncio.sleep(3600)
+        if model == "slow":
+            await asyncio.sleep(0.5)
         if not body.get("stream"):
             text = " ".join(f"w{i}" for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}

@@ -176,7 +176,8 @@ scrape_configs:
         return values
 
     start = wait_stable(lambda v: v[0] is not None and v[1] is not None)
-    assert start[0] is not None and start[1] is not None
+    assert start[0] is not None
+    assert start[1] is not None
     sent = 6
     for i in range(sent):
         status, _, _ = _post(f"{sidecar.base_url}/v1/completions",

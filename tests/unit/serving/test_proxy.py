@@ -213,10 +213,9 @@ async def test_client_disconnect_cancels_the_upstream(
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(f"http://127.0.0.1:{port}/v1/completions",
-                                    json={"model": "m", "prompt": "x", "stream": True, "max_tokens": 200}) as r:
-                await r.content.readline()
+        async with aiohttp.ClientSession() as session, session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                json={"model": "m", "prompt": "x", "stream": True, "max_tokens": 200}) as r:
+            await r.content.readline()
         for _ in range(100):
             if fake.cancelled:
                 break
@@ -232,3 +231,19 @@ async def test_client_disconnect_cancels_the_upstream(
                        outcome="cancelled", length_bucket="le512") == 1
     finally:
         await runner.cleanup()
+
+
+async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any) -> None:
+    """A non-streamed request sits in the live token table with its /tokenize count until it ends."""
+    client, _, app = setup
+    pending = asyncio.ensure_future(client.post("/v1/completions", json={"model": "slow", "prompt": "p"}))
+    seen: list[int] = []
+    for _ in range(40):
+        seen = [entry.tokens for entry in app[INFLIGHT].snapshot()]
+        if seen:
+            break
+        await asyncio.sleep(0.02)
+    assert seen == [PROMPT_TOKENS]
+    response = await pending
+    assert response.status == 200
+    assert app[INFLIGHT].snapshot() == []
