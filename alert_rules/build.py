@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,20 +10,13 @@ from alert_rules.config import RulesConfig
 from alert_rules.render import build_groups, rule_files, to_yaml
 from alert_rules.runbooks import runbooks_markdown
 from alert_rules.testgen import promtool_files
+from exporters.files import write_atomic
 from exporters.records import DEFAULT_LENGTH_EDGES
 
 
 def _write(path: Path, text: str) -> Path:
-    """Write atomically: a temp file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (see :func:`exporters.files.write_atomic`)."""
+    write_atomic(path, text)
     return path
 
 

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import multiprocessing
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine, percentile, revision, write_section
-from tests.harness.servers import ManagedProcess, free_port
+from serving.launcher import free_port, start_sidecar
 
 TOKENS = 64
 
@@ -107,18 +108,11 @@ def main() -> int:
     fake_port = free_port()
     fake = multiprocessing.Process(target=_run_fake, args=(fake_port,), daemon=True)
     fake.start()
-    side_port = free_port()
-    log_dir = Path("/tmp") / f"inferwatch-bench-{side_port}"
-    sidecar = ManagedProcess(
-        "inferwatch serve",
-        [sys.executable, "-m", "serving.cli", "serve", "--upstream", f"http://127.0.0.1:{fake_port}",
-         "--listen", f"127.0.0.1:{side_port}", "--gpu-enabled", "false"],
-        log_dir / "sidecar.log", cwd=Path(__file__).resolve().parents[1],
-    ).start()
     rows = []
+    sidecar = start_sidecar(f"http://127.0.0.1:{fake_port}", Path(tempfile.mkdtemp(prefix="inferwatch-bench-")),
+                            ["--gpu-enabled", "false"], ready_path="/readyz")
     try:
-        sidecar.wait_ready(f"http://127.0.0.1:{side_port}/readyz", 60)
-        direct, through = f"http://127.0.0.1:{fake_port}", f"http://127.0.0.1:{side_port}"
+        direct, through = f"http://127.0.0.1:{fake_port}", sidecar.base_url
         plan = [(1, 200), (16, 1600), (128, 2560)]
         for concurrency, total in plan:
             for stream in (True, False):

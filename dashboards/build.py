@@ -8,8 +8,6 @@ migrations that newer versions add.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from grafanalib._gen import DashboardEncoder
 from alert_rules.config import RulesConfig
 from dashboards.boards import BOARDS
 from dashboards.config import DashboardConfig
+from exporters.files import write_atomic
 
 SCHEMA_VERSION = 39
 """The dashboard model the panels are written for (Grafana 10.4–11)."""
@@ -112,15 +111,7 @@ def write(out_dir: str | Path, config: DashboardConfig, rules: RulesConfig) -> l
     written = []
     for rel, text in files(config, rules).items():
         path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, text)
         written.append(path)
     return written
 

@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from exporters.files import write_atomic
 from log_pipeline.errors import ArchiveError
 
 _HEADER = struct.Struct("<4sB3xIIqq")
@@ -63,13 +64,7 @@ def write_index(
         _le_array("I", frame_offsets),
     ))
     data = body + struct.pack("<I", zlib.crc32(body))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    return len(data)
+    return write_atomic(path, data, fsync=True)
 
 
 class SegmentIndex:

