@@ -8,34 +8,70 @@ samples older than its retention as new ones arrive.
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
 
 from alert_rules.promql.ast import Matcher
-from alert_rules.promql.values import NAME, Labels, is_stale, labels_of
+from alert_rules.promql.values import NAME, Labels, drop_name, get, is_stale, labels_of
 
 TRIM_SLACK = 0.125
 """Samples are trimmed once the oldest is this share of the retention past it (amortizes deletes)."""
 
 
 class Series:
-    """One series' samples, oldest first."""
+    """One series' samples, oldest first, with the counter resets they hold.
 
-    __slots__ = ("labels", "mapping", "retention_ms", "special", "ts", "vs")
+    ``reset_ts`` / ``reset_prev`` list, oldest first, the samples lower than the sample stored
+    just before them (their time, and that previous value). They are kept as samples arrive, so
+    rate() and increase() need no scan of the window; they describe the window exactly while the
+    series holds no NaN (``special == 0``), which is when they are used.
+    """
+
+    __slots__ = ("labels", "mapping", "reset_prev", "reset_ts", "retention_ms", "special", "ts", "unnamed",
+                 "vs")
 
     def __init__(self, labels: Labels, retention_ms: int) -> None:
         self.labels = labels
+        self.unnamed = drop_name(labels)
         self.mapping = dict(labels)
         self.retention_ms = retention_ms
         self.ts = array("q")
         self.vs = array("d")
-        self.special = 0  # NaN or stale samples currently held: the range fast path needs none
+        self.special = 0  # NaN or stale samples currently held: the fast paths need none
+        self.reset_ts: array | None = None
+        self.reset_prev: array | None = None
 
     def last_time(self) -> int | None:
         """Timestamp of the newest sample."""
         return self.ts[-1] if self.ts else None
+
+    def add(self, t_ms: int, value: float) -> None:
+        """Append one sample (newer than the last), noting a counter reset."""
+        vs = self.vs
+        if vs and value < vs[-1]:
+            if self.reset_ts is None:
+                self.reset_ts, self.reset_prev = array("q"), array("d")
+            self.reset_ts.append(t_ms)
+            self.reset_prev.append(vs[-1])  # type: ignore[union-attr]
+        self.ts.append(t_ms)
+        vs.append(value)
+        if math.isnan(value):  # the stale marker included
+            self.special += 1
+
+    def load(self, ts: array, vs: array) -> None:
+        """Replace every sample (sorted timestamps) and find the resets among them."""
+        self.ts, self.vs = array("q", ts), array("d", vs)
+        self.special = sum(1 for v in self.vs if math.isnan(v))
+        drops = list(compress(range(1, len(self.vs)), map(operator.gt, self.vs, islice(self.vs, 1, None))))
+        if drops:
+            self.reset_ts = array("q", (self.ts[i] for i in drops))
+            self.reset_prev = array("d", (self.vs[i - 1] for i in drops))
+        else:
+            self.reset_ts = self.reset_prev = None
 
     def trim(self, now_ms: int) -> None:
         """Drop samples older than the retention (in bulk, with some slack)."""
@@ -49,6 +85,47 @@ class Series:
             self.special -= sum(1 for v in self.vs[:cut] if math.isnan(v))
         del self.ts[:cut]
         del self.vs[:cut]
+        if self.reset_ts is not None:
+            # a reset at the new first sample lost the sample it was lower than
+            gone = bisect_right(self.reset_ts, self.ts[0]) if self.ts else len(self.reset_ts)
+            if gone == len(self.reset_ts):
+                self.reset_ts = self.reset_prev = None
+            elif gone:
+                del self.reset_ts[:gone]
+                del self.reset_prev[:gone]  # type: ignore[index]
+
+    def bounds(self, mint_ms: int, maxt_ms: int) -> tuple[int, int]:
+        """Index range ``[lo, hi)`` of the samples with ``mint <= t <= maxt``."""
+        ts = self.ts
+        n = len(ts)
+        last = ts[-1]
+        if mint_ms > last:
+            return n, n
+        hi = n if last <= maxt_ms else bisect_right(ts, maxt_ms)
+        first = ts[0]
+        if mint_ms <= first:
+            return 0, hi
+        # samples are near-regular: guess the index from the mean spacing, then check it
+        i = n - 1 - (last - mint_ms) * (n - 1) // (last - first)
+        if 0 < i < n and ts[i] >= mint_ms > ts[i - 1]:
+            return i, hi
+        if 0 <= i < n - 1 and ts[i + 1] >= mint_ms > ts[i]:
+            return i + 1, hi
+        return bisect_left(ts, mint_ms, 0, hi), hi
+
+    def increase(self, lo: int, hi: int) -> float:
+        """Last minus first value of ``[lo, hi)`` plus the value before each reset in it (no NaN held)."""
+        vs = self.vs
+        result = vs[hi - 1] - vs[lo]
+        resets = self.reset_ts
+        if resets is not None:
+            ts = self.ts
+            start = bisect_right(resets, ts[lo])
+            stop = bisect_right(resets, ts[hi - 1], start)
+            prev = self.reset_prev
+            for k in range(start, stop):
+                result += prev[k]  # type: ignore[index]
+        return result
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +151,7 @@ class SeriesStore:
         self.max_series = max_series
         self._by_name: dict[str, dict[Labels, Series]] = {}
         self._sorted: dict[str, list[Series]] = {}
+        self._selected: dict[str, dict[tuple[Matcher, ...], list[Series]]] = {}
         self._count = 0
         self.dropped_out_of_order = 0
         self.dropped_series_limit = 0
@@ -86,7 +164,7 @@ class SeriesStore:
         """Add one sample; returns False when it was dropped (out of order, duplicate, series limit)."""
         if not isinstance(labels, tuple):
             labels = labels_of(labels)
-        name = labels[0][1] if labels and labels[0][0] == NAME else ""
+        name = _name_of(labels)
         family = self._by_name.get(name)
         if family is None:
             family = self._by_name[name] = {}
@@ -97,30 +175,26 @@ class SeriesStore:
                 return False
             series = family[labels] = Series(labels, retention_ms or self.retention_ms)
             self._count += 1
-            self._sorted.pop(name, None)
+            self._forget_selection(name)
         elif retention_ms is not None:
             series.retention_ms = retention_ms
         ts = series.ts
         if ts and t_ms <= ts[-1]:
             self.dropped_out_of_order += 1
             return False
-        ts.append(t_ms)
-        series.vs.append(value)
-        if math.isnan(value):
-            series.special += 1
+        series.add(t_ms, value)
         series.trim(t_ms)
         return True
 
     def backfill(self, labels: Labels, ts: array, vs: array, retention_ms: int | None = None) -> None:
         """Install a whole series at once (sorted timestamps in ms, values); replaces any held samples."""
-        name = labels[0][1] if labels and labels[0][0] == NAME else ""
+        name = _name_of(labels)
         family = self._by_name.setdefault(name, {})
         if labels not in family:
             self._count += 1
-            self._sorted.pop(name, None)
+        self._forget_selection(name)
         series = family[labels] = Series(labels, retention_ms or self.retention_ms)
-        series.ts, series.vs = array("q", ts), array("d", vs)
-        series.special = sum(1 for v in series.vs if math.isnan(v))
+        series.load(ts, vs)
 
     def extend(self, samples: Iterable[tuple[Labels, float]], t_ms: int, retention_ms: int | None = None) -> int:
         """Append many samples at one timestamp; returns how many were kept."""
@@ -139,7 +213,7 @@ class SeriesStore:
             if not family:
                 del self._by_name[name]
             if removed:
-                self._sorted.pop(name, None)
+                self._forget_selection(name)
         self._count -= removed
         return removed
 
@@ -149,20 +223,24 @@ class SeriesStore:
         return StoreStats(self._count, samples, self.dropped_out_of_order, self.dropped_series_limit)
 
     def series(self, name: str | None, matchers: Sequence[Matcher]) -> list[Series]:
-        """Series matching a selector, sorted by label set (Prometheus' order)."""
-        if name is not None:
-            candidates = self._sorted_family(name)
-        else:
-            candidates = sorted((s for f in self._by_name.values() for s in f.values()),
-                                key=lambda s: s.labels)
+        """Series matching a selector, sorted by label set (Prometheus' order); do not modify the list."""
+        if name is None:
+            candidates = sorted((s for f in self._by_name.values() for s in f.values()), key=lambda s: s.labels)
+            return _matching(candidates, matchers)
         if not matchers:
-            return candidates
-        out = []
-        for series in candidates:
-            mapping = series.mapping
-            if all(m.matches(mapping.get(m.name, "")) for m in matchers):
-                out.append(series)
-        return out
+            return self._sorted_family(name)
+        key = tuple(matchers)
+        cache = self._selected.setdefault(name, {})
+        found = cache.get(key)
+        if found is None:
+            if len(cache) >= SELECTIONS_PER_NAME:
+                cache.clear()
+            found = cache[key] = _matching(self._sorted_family(name), matchers)
+        return found
+
+    def _forget_selection(self, name: str) -> None:
+        self._sorted.pop(name, None)
+        self._selected.pop(name, None)
 
     def _sorted_family(self, name: str) -> list[Series]:
         cached = self._sorted.get(name)
@@ -189,6 +267,33 @@ class SeriesStore:
             out.append((series.labels, value))
         return out
 
+    def increases(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int, maxt_ms: int,
+                  counter: bool) -> list[tuple[Labels, int, int, int, float, float]]:
+        """Per series with two samples or more in ``[mint, maxt]`` (stale ones left out): the inputs of
+        rate(), increase() and delta().
+
+        Each row is (labels without ``__name__``, sample count, first time, last time, first value,
+        last minus first value), the last with every counter reset added back when ``counter``,
+        in the order Prometheus adds them.
+        """
+        out = []
+        for series in self.series(name, matchers):
+            ts = series.ts
+            if not ts or ts[-1] < mint_ms or ts[0] > maxt_ms:
+                continue
+            if series.special:
+                row = _slow_increase(series, mint_ms, maxt_ms, counter)
+                if row is not None:
+                    out.append(row)
+                continue
+            lo, hi = series.bounds(mint_ms, maxt_ms)
+            if hi - lo < 2:
+                continue
+            vs = series.vs
+            result = series.increase(lo, hi) if counter else vs[hi - 1] - vs[lo]
+            out.append((series.unnamed, hi - lo, ts[lo], ts[hi - 1], vs[lo], result))
+        return out
+
     def window(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int,
                maxt_ms: int) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
         """Samples with ``mint <= t <= maxt`` (both ends included, as Prometheus 2.x), stale ones left out."""
@@ -197,8 +302,7 @@ class SeriesStore:
             ts = series.ts
             if not ts or ts[-1] < mint_ms or ts[0] > maxt_ms:
                 continue
-            lo = bisect_left(ts, mint_ms)
-            hi = len(ts) if ts[-1] <= maxt_ms else bisect_right(ts, maxt_ms)
+            lo, hi = series.bounds(mint_ms, maxt_ms)
             if lo >= hi:
                 continue
             times, values = ts[lo:hi], series.vs[lo:hi]
@@ -210,3 +314,36 @@ class SeriesStore:
                 values = array("d", (v for _, v in kept))
             out.append((series.labels, times, values))
         return out
+
+
+SELECTIONS_PER_NAME = 256
+"""Matcher sets remembered per metric name (the rule set needs a handful; ad-hoc queries add more)."""
+
+
+def _name_of(labels: Labels) -> str:
+    """The metric name of a label set, '' when it has none."""
+    return labels[0][1] if labels and labels[0][0] == NAME else get(labels, NAME)
+
+
+def _matching(candidates: list[Series], matchers: Sequence[Matcher]) -> list[Series]:
+    if not matchers:
+        return candidates
+    return [s for s in candidates if all(m.matches(s.mapping.get(m.name, "")) for m in matchers)]
+
+
+def _slow_increase(series: Series, mint_ms: int, maxt_ms: int,
+                   counter: bool) -> tuple[Labels, int, int, int, float, float] | None:
+    """:meth:`SeriesStore.increases` for a series holding NaN: stale markers dropped, then a scan."""
+    lo, hi = series.bounds(mint_ms, maxt_ms)
+    kept = [(t, v) for t, v in zip(series.ts[lo:hi], series.vs[lo:hi], strict=True) if not is_stale(v)]
+    if len(kept) < 2:
+        return None
+    first = kept[0][1]
+    result = kept[-1][1] - first
+    if counter:
+        prev = first
+        for _, v in kept:
+            if v < prev:
+                result += prev
+            prev = v
+    return series.unnamed, len(kept), kept[0][0], kept[-1][0], first, result

@@ -45,6 +45,12 @@ class Queryable(Protocol):
         """Samples per matching series within ``[mint, maxt]``."""
         ...
 
+    def increases(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int, maxt_ms: int,
+                  counter: bool) -> list[tuple[Labels, int, int, int, float, float]]:
+        """Per matching series with two samples or more in ``[mint, maxt]``: (labels without the
+        name, count, first time, last time, first value, last - first with resets added back)."""
+        ...
+
 
 Result = Vector | float
 
@@ -261,6 +267,8 @@ class Evaluator:
         sel = matrix_arg.selector
         end = t - sel.offset_ms
         start = end - matrix_arg.range_ms
+        if name in ("rate", "increase", "delta"):
+            return self.extrapolated(name, sel, start, end, matrix_arg.range_ms)
         window = self.store.window(sel.name, sel.matchers, start, end)
         if name == "absent_over_time":
             return [] if window else [(self.absent_labels(matrix_arg), 1.0)]
@@ -271,8 +279,21 @@ class Evaluator:
             if value is None:
                 continue
             out.append((labels if name == "last_over_time" else drop_name(labels), value))
-        if name != "last_over_time" and len({labels for labels, _ in out}) != len(out):
-            raise EvaluationError("vector cannot contain metrics with the same labelset")
+        if name != "last_over_time":
+            _check_unique(sel, out)
+        return out
+
+    def extrapolated(self, name: str, sel: Selector, start: int, end: int, range_ms: int) -> Vector:
+        """rate, increase or delta of every selected series, from the store's per-window increases."""
+        counter = name != "delta"
+        is_rate = name == "rate"
+        extrapolate = fn.extrapolate
+        out: Vector = [
+            (labels, extrapolate(n, first_t, last_t, first, result, start, end, range_ms, counter, is_rate))
+            for labels, n, first_t, last_t, first, result in self.store.increases(
+                sel.name, sel.matchers, start, end, counter)
+        ]
+        _check_unique(sel, out)
         return out
 
     @staticmethod
@@ -475,6 +496,12 @@ def _avg_step(mean: float, value: float, count: int) -> float:
         if not math.isinf(value) and not math.isnan(value):
             return mean
     return mean + (value / count - mean / count)
+
+
+def _check_unique(sel: Selector, out: Vector) -> None:
+    """Refuse a result holding one label set twice (only possible when no metric name is selected)."""
+    if sel.name is None and len({labels for labels, _ in out}) != len(out):
+        raise EvaluationError("vector cannot contain metrics with the same labelset")
 
 
 def _fmt(labels: Labels) -> str:

@@ -43,7 +43,12 @@ def extrapolated_rate(
             if v < prev:
                 result += prev
             prev = v
-    first_t, last_t = ts[0], ts[-1]
+    return extrapolate(n, ts[0], ts[-1], first, result, range_start, range_end, range_ms, is_counter, is_rate)
+
+
+def extrapolate(n: int, first_t: int, last_t: int, first: float, result: float, range_start: int,
+                range_end: int, range_ms: int, is_counter: bool, is_rate: bool) -> float:
+    """Prometheus' extrapolation of a window's raw increase ``result`` (``n >= 2`` samples) to the range."""
     to_start = (first_t - range_start) / 1000
     to_end = (range_end - last_t) / 1000
     sampled = (last_t - first_t) / 1000
