@@ -277,21 +277,34 @@ class SeriesStore:
         in the order Prometheus adds them.
         """
         out = []
+        append = out.append
         for series in self.series(name, matchers):
             ts = series.ts
-            if not ts or ts[-1] < mint_ms or ts[0] > maxt_ms:
+            n = len(ts)
+            if n < 2:
+                continue
+            first, last = ts[0], ts[-1]
+            if last < mint_ms or first > maxt_ms:
                 continue
             if series.special:
                 row = _slow_increase(series, mint_ms, maxt_ms, counter)
                 if row is not None:
-                    out.append(row)
+                    append(row)
                 continue
-            lo, hi = series.bounds(mint_ms, maxt_ms)
+            # Series.bounds() inlined: this loop runs once per series and rule
+            hi = n if last <= maxt_ms else bisect_right(ts, maxt_ms)
+            if mint_ms <= first:
+                lo = 0
+            else:
+                lo = n - 1 - (last - mint_ms) * (n - 1) // (last - first)
+                if not (0 < lo < hi and ts[lo] >= mint_ms > ts[lo - 1]):
+                    lo = bisect_left(ts, mint_ms, 0, hi)
             if hi - lo < 2:
                 continue
             vs = series.vs
-            result = series.increase(lo, hi) if counter else vs[hi - 1] - vs[lo]
-            out.append((series.unnamed, hi - lo, ts[lo], ts[hi - 1], vs[lo], result))
+            resets = counter and series.reset_ts is not None
+            result = series.increase(lo, hi) if resets else vs[hi - 1] - vs[lo]
+            append((series.unnamed, hi - lo, ts[lo], ts[hi - 1], vs[lo], result))
         return out
 
     def window(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int,

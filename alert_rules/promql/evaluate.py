@@ -29,6 +29,8 @@ from alert_rules.promql.parse import COMPARISONS, parse_expr
 from alert_rules.promql.values import NAME, Labels, Vector, drop_name, get, keep_only, without
 
 DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
+GROUP_KEYS_KEPT = 200_000
+"""Label sets whose aggregation key is remembered, per grouping, before that memory is dropped."""
 ARITHMETIC_DROPS_NAME = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
 
 
@@ -157,6 +159,7 @@ class Evaluator:
     def __init__(self, store: Queryable, lookback_ms: int = DEFAULT_LOOKBACK_MS) -> None:
         self.store = store
         self.lookback_ms = lookback_ms
+        self._group_keys: dict[tuple[bool, frozenset[str]], dict[Labels, Labels]] = {}
 
     def query(self, expr: str | Node, t_ms: int) -> Result:
         """Evaluate ``expr`` at ``t_ms``: a vector (list of (labels, value)) or a scalar float."""
@@ -286,13 +289,8 @@ class Evaluator:
     def extrapolated(self, name: str, sel: Selector, start: int, end: int, range_ms: int) -> Vector:
         """rate, increase or delta of every selected series, from the store's per-window increases."""
         counter = name != "delta"
-        is_rate = name == "rate"
-        extrapolate = fn.extrapolate
-        out: Vector = [
-            (labels, extrapolate(n, first_t, last_t, first, result, start, end, range_ms, counter, is_rate))
-            for labels, n, first_t, last_t, first, result in self.store.increases(
-                sel.name, sel.matchers, start, end, counter)
-        ]
+        rows = self.store.increases(sel.name, sel.matchers, start, end, counter)
+        out = fn.extrapolate_rows(rows, start, end, range_ms, counter, name == "rate")
         _check_unique(sel, out)
         return out
 
@@ -325,19 +323,27 @@ class Evaluator:
         param = self.scalar(node.param, t) if node.param is not None else 0.0
         vec = self.vector(node.expr, t)
         op = node.op
-        names = frozenset(node.grouping)
-        dropped = names | {NAME}
+        keys, key_of = self.group_keys(node)  # series repeat every evaluation: keys are remembered
+        if op == "sum":  # the common case, kept to a few dict operations per input sample
+            sums: dict[Labels, float] = {}
+            for labels, value in vec:
+                key = keys.get(labels)
+                if key is None:
+                    key = keys[labels] = key_of(labels)
+                total = sums.get(key)
+                sums[key] = value if total is None else total + value
+            return list(sums.items())
         groups: dict[Labels, list] = {}
         for labels, value in vec:
-            key = without(labels, dropped) if node.without else keep_only(labels, names)
+            key = keys.get(labels)
+            if key is None:
+                key = keys[labels] = key_of(labels)
             group = groups.get(key)
             if group is None:
                 groups[key] = [value, 1, [value] if op == "quantile" else None]
                 continue
             group[1] += 1
-            if op == "sum":
-                group[0] += value
-            elif op == "avg":
+            if op == "avg":
                 group[0] = _avg_step(group[0], value, group[1])
             elif op == "max":
                 if group[0] < value or math.isnan(group[0]):
@@ -358,6 +364,17 @@ class Evaluator:
             else:
                 out.append((key, total))
         return out
+
+    def group_keys(self, node: Aggregate) -> tuple[dict[Labels, Labels], Callable[[Labels], Labels]]:
+        """The remembered label set -> group labels of this grouping, and the function filling it in."""
+        names = frozenset(node.grouping)
+        cache = self._group_keys.get((node.without, names))
+        if cache is None or len(cache) > GROUP_KEYS_KEPT:
+            cache = self._group_keys[(node.without, names)] = {}
+        if node.without:
+            dropped = names | {NAME}
+            return cache, lambda labels: without(labels, dropped)
+        return cache, lambda labels: keep_only(labels, names)
 
     # binary operators
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
+
+from alert_rules.promql.values import Labels
 
 NAN = math.nan
 INF = math.inf
@@ -43,27 +45,38 @@ def extrapolated_rate(
             if v < prev:
                 result += prev
             prev = v
-    return extrapolate(n, ts[0], ts[-1], first, result, range_start, range_end, range_ms, is_counter, is_rate)
+    ((_, value),) = extrapolate_rows([((), n, ts[0], ts[-1], first, result)], range_start, range_end, range_ms,
+                                     is_counter, is_rate)
+    return value
 
 
-def extrapolate(n: int, first_t: int, last_t: int, first: float, result: float, range_start: int,
-                range_end: int, range_ms: int, is_counter: bool, is_rate: bool) -> float:
-    """Prometheus' extrapolation of a window's raw increase ``result`` (``n >= 2`` samples) to the range."""
-    to_start = (first_t - range_start) / 1000
-    to_end = (range_end - last_t) / 1000
-    sampled = (last_t - first_t) / 1000
-    average = sampled / (n - 1)
-    if is_counter and result > 0 and first >= 0:
-        to_zero = sampled * (first / result)
-        to_start = min(to_start, to_zero)
-    threshold = average * 1.1
-    interval = sampled
-    interval += to_start if to_start < threshold else average / 2
-    interval += to_end if to_end < threshold else average / 2
-    factor = interval / sampled
-    if is_rate:
-        factor /= duration_seconds(range_ms)
-    return result * factor
+def extrapolate_rows(
+    rows: Iterable[tuple[Labels, int, int, int, float, float]], range_start: int, range_end: int,
+    range_ms: int, is_counter: bool, is_rate: bool,
+) -> list[tuple[Labels, float]]:
+    """Prometheus' extrapolation of each window's raw increase to the whole range.
+
+    A row is (labels, samples (two or more), first time, last time, first value, last - first
+    value with resets added back), as :meth:`alert_rules.store.SeriesStore.increases` gives them.
+    """
+    seconds = duration_seconds(range_ms)
+    out = []
+    for labels, n, first_t, last_t, first, result in rows:
+        to_start = (first_t - range_start) / 1000
+        to_end = (range_end - last_t) / 1000
+        sampled = (last_t - first_t) / 1000
+        average = sampled / (n - 1)
+        if is_counter and result > 0 and first >= 0:
+            to_start = min(to_start, sampled * (first / result))
+        threshold = average * 1.1
+        interval = sampled
+        interval += to_start if to_start < threshold else average / 2
+        interval += to_end if to_end < threshold else average / 2
+        factor = interval / sampled
+        if is_rate:
+            factor /= seconds
+        out.append((labels, result * factor))
+    return out
 
 
 def instant_rate(ts: Sequence[int], vs: Sequence[float], is_rate: bool) -> float | None:
