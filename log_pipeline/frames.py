@@ -9,38 +9,50 @@ A ``records`` payload is the frame's records transposed into columns, as compact
 bytes of its hex-id columns follow the compressed payload uncompressed (random bytes do not
 compress, and zstd would spend a little on them)::
 
-    {"n": rows, "k": [keys...], "c": [column...], "a": {"i": [rows lacking key i]},
-     "f": {"i": form of column i}}
+    {"n": rows, "k": [keys...], "c": [column...], "f": {"i": form of column i},
+     "s": {"key": [[rows...], [values...]]}}
 
-Columns of like values compress far better than rows. A column's form is ``t`` (canonical
-``YYYY-MM-DDTHH:MM:SS.mmmZ`` timestamps as millisecond deltas), ``h`` (lowercase hex ids as raw
-bytes; the column holds the byte width), ``d`` (few distinct values: ``[values, codes]`` with
-one code character per row), ``x`` (one-decimal floats as integer tenths) or absent (plain JSON
-list). Every form is exactly reversible.
+``k``/``c`` hold the keys every record has; ``s`` the keys only some records have (errors add
+two), as row numbers and values. A column's form is ``t`` (canonical ``YYYY-MM-DDTHH:MM:SS.mmmZ``
+timestamps, stored position by position: one string per character position, or one character
+when the position never changes), ``h`` (lowercase hex ids as raw bytes; the column holds
+``[byte width, offset in the binary section]``), ``d`` (few distinct strings or nulls:
+``[values, codes]`` with one code character per row) or absent (plain JSON list). Every form is
+exactly reversible. When every ``trace_id`` is a lowercase 32-digit hex id, the binary section
+starts with them (16 bytes each, in row order) and the header carries ``FLAG_TRACE_IDS``, so a
+lookup can test a frame for an id without decompressing it.
+
 A ``dictionary`` frame holds the zstd dictionary that later frames of its segment name by id.
+
+Every transformation of a column is one C-level call over the column (``zip``, ``str.join``,
+``bytes.fromhex``, ``dict.fromkeys``, slicing, orjson); no Python code runs per value.
 """
 
 from __future__ import annotations
 
 import calendar
 import json
-import math
 import operator
 import re
 import struct
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress, islice
 from typing import Any
 
-from log_pipeline.records import format_ts
+import orjson
 
 SKIPPABLE_MAGIC = 0x184D2A5E
 TAG = b"IWFH"
-VERSION = 1
+VERSION = 2
 KIND_RECORDS = 1
 KIND_DICTIONARY = 2
+FLAG_TRACE_IDS = 1
+"""Header flag: the binary section starts with the frame's trace ids, 16 raw bytes per record."""
+TRACE_KEY = "trace_id"
+TRACE_ID_BYTES = 16
 
 _PREFIX = struct.Struct("<II")
 HEADER = struct.Struct("<4sBBHIIIIIIqqI")
@@ -52,14 +64,18 @@ PREFIX_SIZE = _PREFIX.size
 FRAME_OVERHEAD = _PREFIX.size + HEADER.size + _CRC.size
 NO_TS = -(2**63)
 
+TS_WIDTH = 24
 _TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
-_DECODE = json.JSONDecoder().decode
-_MISSING: Any = object()
+_TS_PATTERN = "dddd-dd-ddTdd:dd:dd.dddZ"
+_STDLIB_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+_STDLIB_DECODE = json.JSONDecoder().decode
 _SECONDS: dict[str, int] = {}
+_KEY_BYTES: dict[str, int] = {}
 _LOWER_HEX = re.compile(r"[0-9a-f]+")
 _CODE_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"
-_CODABLE = frozenset({str, int, bool, type(None)})
+_MIN_CODED_ROWS = 16
+_Columns = tuple[tuple[str, ...], list[Any], dict[str, list[list[Any]]]]
+"""Keys every record has, their columns, and ``{key: [rows, values]}`` for the other keys."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +101,16 @@ class FrameHeader:
             self.comp_len, self.bin_len, self.json_len, self.ts_min_ms, self.ts_max_ms, self.payload_crc,
         )
         return _PREFIX.pack(SKIPPABLE_MAGIC, HEADER.size + _CRC.size) + body + _CRC.pack(zlib.crc32(body))
+
+
+def header_version(data: bytes) -> int | None:
+    """The format version named by the frame header at the start of ``data``; None if there is none."""
+    if len(data) < PREFIX_SIZE + 5:
+        return None
+    magic, size = _PREFIX.unpack_from(data)
+    if magic != SKIPPABLE_MAGIC or size != HEADER.size + _CRC.size or data[PREFIX_SIZE:PREFIX_SIZE + 4] != TAG:
+        return None
+    return data[PREFIX_SIZE + 4]
 
 
 def unpack_header(data: bytes) -> FrameHeader:
@@ -139,152 +165,239 @@ class EncodedRecords:
     json_bytes: int
     ts_min_ms: int
     ts_max_ms: int
+    trace_ids: bytes | None = None
+    """Every record's trace id as 16 raw bytes (the binary section's start), or None."""
+
+    @property
+    def flags(self) -> int:
+        """The header flags this payload calls for."""
+        return FLAG_TRACE_IDS if self.trace_ids is not None else 0
 
 
-def _ts_column(values: list[Any]) -> list[int] | None:
-    """Millisecond deltas of a ts column, or None when a value is not a canonical timestamp."""
-    deltas: list[int] = []
-    previous = 0
-    for value in values:
-        ms = ts_to_ms(value)
-        if ms is None:
-            return None
-        deltas.append(ms - previous)
-        previous = ms
-    return deltas
+def dumps(value: Any) -> bytes:
+    """Compact JSON of ``value``, exactly reversible: orjson, or the stdlib where orjson is not exact.
+
+    orjson writes NaN and infinities as ``null`` and refuses integers beyond 64 bits; a value
+    with either (or anything else orjson refuses) goes through the stdlib encoder instead.
+    """
+    try:
+        text = orjson.dumps(value)
+    except TypeError:
+        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass")
+    if b"null" in text and _nulls(value) != text.count(b"null"):
+        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass")
+    return text
 
 
-def _hex_bytes(column: list[Any]) -> bytes | None:
+def _nulls(value: Any) -> int:
+    """How many top-level None a list holds (a count of nulls any other way means a non-finite float)."""
+    return value.count(None) if isinstance(value, list | tuple) else int(value is None)
+
+
+def loads(data: bytes) -> Any:
+    """Parse what :func:`dumps` wrote (orjson, or the stdlib for NaN and infinities)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _STDLIB_DECODE(data.decode("utf-8", "surrogatepass"))
+
+
+def _transpose(records: Sequence[dict[str, Any]]) -> _Columns:
+    """Keys every record has, their columns, and ``{key: [rows, values]}`` for the other keys."""
+    n = len(records)
+    lengths = list(map(len, records))
+    shortest = min(lengths)
+    base = records[lengths.index(shortest)]
+    keys = tuple(base)
+    try:
+        if len(keys) > 1:
+            columns: list[Any] = list(zip(*map(operator.itemgetter(*keys), records), strict=True))
+        else:
+            columns = [list(map(operator.itemgetter(key), records)) for key in keys]
+    except KeyError:
+        return _transpose_mixed(records)
+    sparse: dict[str, list[list[Any]]] = {}
+    if lengths.count(shortest) != n:
+        for row in compress(range(n), map(shortest.__ne__, lengths)):
+            record = records[row]
+            if tuple(islice(record, shortest)) == keys:  # the usual case: extra keys at the end
+                extra: Iterable[str] = islice(record, shortest, None)
+            else:
+                extra = [key for key in record if key not in base]
+            for key in extra:
+                rows_values = sparse.get(key)
+                if rows_values is None:
+                    rows_values = sparse[key] = [[], []]
+                rows_values[0].append(row)
+                rows_values[1].append(record[key])
+    return keys, columns, sparse
+
+
+def _transpose_mixed(records: Sequence[dict[str, Any]]) -> _Columns:
+    """The general case of :func:`_transpose`: records whose key sets differ arbitrarily."""
+    every: dict[str, int] = {}
+    for record in records:
+        for key in record:
+            every[key] = every.get(key, 0) + 1
+    n = len(records)
+    keys = tuple(key for key, count in every.items() if count == n)
+    columns: list[Any] = [[record[key] for record in records] for key in keys]
+    sparse: dict[str, list[list[Any]]] = {}
+    for key, count in every.items():
+        if count != n:
+            rows = [row for row, record in enumerate(records) if key in record]
+            sparse[key] = [rows, [records[row][key] for row in rows]]
+    return keys, columns, sparse
+
+
+def _hex_bytes(column: Sequence[Any]) -> bytes | None:
     """The column as raw bytes when every value is a lowercase hex string of one even length (8..64)."""
     first = column[0]
-    if not isinstance(first, str) or len(first) % 2 or not 8 <= len(first) <= 64:
-        return None
-    if set(map(type, column)) != {str} or set(map(len, column)) != {len(first)}:
-        return None
-    joined = "".join(column)
-    return bytes.fromhex(joined) if _LOWER_HEX.fullmatch(joined) else None
-
-
-def _codes(column: list[Any]) -> tuple[list[Any], str] | None:
-    """Distinct values and one code character per row, for a column of few distinct non-float scalars."""
-    n = len(column)
-    if n < 16:
+    if not isinstance(first, str) or len(first) % 2 or not 8 <= len(first) <= 64 or not _LOWER_HEX.fullmatch(first):
         return None
     try:
-        distinct = set(column)
+        joined = "".join(column)
+        raw = bytes.fromhex(joined)
+    except (TypeError, ValueError):
+        return None
+    if raw.hex() != joined or (len(column) > 1 and set(map(len, column)) != {len(first)}):
+        return None  # upper case, spaces, or ids of different lengths
+    return raw
+
+
+def _ts_positions(column: Sequence[Any]) -> tuple[list[str], str, str] | None:
+    """Canonical timestamps split by character position (constant ones as one char), with min and max."""
+    try:
+        joined = "".join(column)
+    except TypeError:
+        return None
+    n = len(column)
+    if len(joined) != TS_WIDTH * n or (n > 1 and set(map(len, column)) != {TS_WIDTH}):
+        return None
+    positions = []
+    for j, pattern in enumerate(_TS_PATTERN):
+        chars = joined[j::TS_WIDTH]
+        if pattern == "d":
+            if not (chars.isascii() and chars.isdigit()):
+                return None
+        elif chars.count(pattern) != n:
+            return None
+        if j < TS_WIDTH - 1:  # the last character is always "Z"
+            positions.append(chars[0] if chars.count(chars[0]) == n else chars)
+    return positions, min(column), max(column)
+
+
+def _codes(column: Sequence[Any]) -> tuple[list[Any], str] | None:
+    """Distinct values and one code character per row, for a column of few distinct strings (or nulls)."""
+    n = len(column)
+    if n < _MIN_CODED_ROWS:
+        return None
+    try:
+        lookup = dict.fromkeys(column)
     except TypeError:
         return None  # lists or objects
-    if len(distinct) > min(len(_CODE_CHARS), n // 4):
+    if len(lookup) > min(len(_CODE_CHARS), n // 4):
         return None
-    kinds = set(map(type, column))
-    if not kinds <= _CODABLE or {int, bool} <= kinds:
-        return None  # floats (0.0 == -0.0) and ints next to bools (1 == True) would merge
-    values = list(dict.fromkeys(column))
-    lookup = {v: _CODE_CHARS[i] for i, v in enumerate(values)}
-    return values, "".join(map(lookup.__getitem__, column))
+    for code, value in zip(_CODE_CHARS, lookup, strict=False):
+        if value is not None and type(value) is not str:
+            return None  # numbers: 1 == 1.0 == True would merge distinct values
+        lookup[value] = code
+    return list(lookup), "".join(map(lookup.__getitem__, column))
 
 
-def _tenths(column: list[Any]) -> list[int | None] | None:
-    """Each float times ten as an int when that is exact (values with one decimal), None stays None."""
-    kinds = {type(v) for v in column}
-    if kinds != {float} and kinds != {float, type(None)}:
-        return None
-    try:
-        tenths = [None if v is None else round(v * 10) for v in column]
-    except (OverflowError, ValueError):
-        return None
-    back = [None if t is None else t / 10 for t in tenths]
-    if back != column or any(v == 0 and math.copysign(1.0, v) < 0 for v in column if v is not None):
-        return None
-    return tenths
+def _key_bytes(key: str) -> int:
+    """Bytes of ``"key":`` plus the comma after its value, as compact JSON (cached)."""
+    size = _KEY_BYTES.get(key)
+    if size is None:
+        size = len(dumps(key)) + 2
+        if len(_KEY_BYTES) < 4096:
+            _KEY_BYTES[key] = size
+    return size
+
+
+def _json_size(values: list[Any], counts: list[int]) -> int:
+    """Bytes that ``values`` repeated ``counts`` times take as JSON values."""
+    return sum(len(dumps(value)) * count for value, count in zip(values, counts, strict=True))
 
 
 def encode_records(records: Sequence[dict[str, Any]]) -> EncodedRecords:
     """Transpose records into the columnar payload; ``json_bytes`` is their size as JSON lines.
 
-    Each column is stored in the most compact exact form: ``ts`` as millisecond deltas, hex ids
-    as raw bytes after the JSON head, few-valued columns as a value list plus one code character
-    per row, one-decimal floats as integer tenths, anything else as a JSON list.
+    Each column is stored in the most compact exact form: ``ts`` position by position, hex ids
+    as raw bytes after the JSON head, few-valued string columns as a value list plus one code
+    character per row, anything else as a JSON list.
     """
-    keys = dict.fromkeys(records[0]) if records else {}
-    for record in records:
-        if len(record) != len(keys) or record.keys() != keys.keys():
-            keys.update(dict.fromkeys(record))
     n = len(records)
-    missing: dict[str, list[int]] = {}
-    template = dict.fromkeys(keys, _MISSING)
-    filled = list(records)
-    for row, record in enumerate(records):
-        if len(record) != len(keys):
-            filled[row] = {**template, **record}
-            for key in keys:
-                if key not in record:
-                    missing.setdefault(key, []).append(row)
-    if len(keys) > 1:
-        transposed = [list(c) for c in zip(*map(operator.itemgetter(*keys), filled), strict=True)]
-    else:
-        transposed = [[record.get(key, _MISSING) for record in filled] for key in keys]
-    columns: list[str] = []
-    forms: dict[str, str] = {}
-    absent: dict[str, list[int]] = {}
+    if not n:
+        return EncodedRecords(b'{"n":0,"k":[],"c":[]}', b"", 0, 0, NO_TS, NO_TS)
+    keys, columns, sparse = _transpose(records)
+    parts: list[bytes] = []
+    forms: dict[str, Any] = {}
     blob: list[bytes] = []
-    json_bytes = n  # newlines
+    blob_size = 0
+    trace_ids: bytes | None = None
+    if TRACE_KEY in keys:
+        raw = _hex_bytes(columns[keys.index(TRACE_KEY)])
+        if raw is not None and len(raw) == TRACE_ID_BYTES * n:
+            trace_ids = raw  # first in the binary section, where a lookup expects it
+            blob.append(raw)
+            blob_size = len(raw)
+    json_bytes = 2 * n  # a brace and the newline; the other brace stands in for the last comma
     ts_min = ts_max = NO_TS
     for i, key in enumerate(keys):
-        column = transposed[i]
-        holes = missing.get(key, [])
-        if holes:
-            absent[str(i)] = holes
-            for row in holes:
-                column[row] = None
-        text = _DUMPS(column)
-        stored = None
-        if key == "ts" and not holes:
-            deltas = _ts_column(column)
-            if deltas is not None:
-                absolute = _cumulative(deltas)
-                ts_min, ts_max = min(absolute), max(absolute)
-                forms[str(i)], stored = "t", _DUMPS(deltas)
-        if stored is None and not holes:
-            raw = _hex_bytes(column)
-            if raw is not None:
-                blob.append(raw)
-                forms[str(i)], stored = "h", str(len(raw) // n)
-        if stored is None:
+        column = columns[i]
+        stored: bytes | None = None
+        first = column[0]
+        if key == TRACE_KEY and trace_ids is not None:
+            forms[str(i)], stored = "h", b"[%d,0]" % TRACE_ID_BYTES
+            value_bytes = (2 * TRACE_ID_BYTES + 2) * n
+        elif type(first) is str:
+            if key == "ts" and len(first) == TS_WIDTH:
+                split = _ts_positions(column)
+                if split is not None:
+                    positions, low, high = split
+                    forms[str(i)], stored = "t", dumps(positions)
+                    value_bytes = (TS_WIDTH + 2) * n
+                    low_ms, high_ms = ts_to_ms(low), ts_to_ms(high)
+                    if low_ms is not None and high_ms is not None:
+                        ts_min, ts_max = low_ms, high_ms
+            if stored is None and len(first) % 2 == 0:
+                raw = _hex_bytes(column)
+                if raw is not None:
+                    width = len(raw) // n
+                    forms[str(i)], stored = "h", b"[%d,%d]" % (width, blob_size)
+                    blob.append(raw)
+                    blob_size += len(raw)
+                    value_bytes = (2 * width + 2) * n
+        if stored is None and (first is None or type(first) is str):
             coded = _codes(column)
             if coded is not None:
-                forms[str(i)], stored = "d", _DUMPS(list(coded))
+                values, codes = coded
+                forms[str(i)], stored = "d", dumps([values, codes])
+                value_bytes = _json_size(values, [codes.count(c) for c in _CODE_CHARS[:len(values)]])
         if stored is None:
-            tenths = _tenths(column)
-            if tenths is not None:
-                forms[str(i)], stored = "x", _DUMPS(tenths)
-        columns.append(text if stored is None else stored)
-        present = n - len(holes)
-        value_bytes = len(text.encode()) if not text.isascii() else len(text)
-        value_bytes -= 2 + (n - 1) + 4 * len(holes)
-        key_bytes = len(_DUMPS(key).encode())
-        json_bytes += value_bytes + present * (key_bytes + 2)  # '"k":' + ',' (or a brace) per value
-    json_bytes += n  # the second brace of each record
-    head = '{"n":' + str(n) + ',"k":' + _DUMPS(list(keys)) + ',"c":[' + ",".join(columns) + "]"
-    if absent:
-        head += ',"a":' + _DUMPS(absent)
+            stored = dumps(column)
+            value_bytes = len(stored) - 1 - n  # brackets and commas
+        parts.append(stored)
+        json_bytes += value_bytes + n * _key_bytes(key)
+    for key, (rows, values) in sparse.items():
+        json_bytes += len(dumps(values)) - 1 - len(values) + len(rows) * _key_bytes(key)
+    if not keys:  # a record without any key is "{}": one byte more than the rule above
+        json_bytes += n - len({row for rows, _values in sparse.values() for row in rows})
+    head = b'{"n":%d,"k":%s,"c":[%s]' % (n, dumps(keys), b",".join(parts))
     if forms:
-        head += ',"f":' + _DUMPS(forms)
-    return EncodedRecords((head + "}").encode(), b"".join(blob), n, json_bytes, ts_min, ts_max)
-
-
-def _cumulative(deltas: list[int]) -> list[int]:
-    total = 0
-    out = []
-    for delta in deltas:
-        total += delta
-        out.append(total)
-    return out
+        head += b',"f":' + dumps(forms)
+    if sparse:
+        head += b',"s":' + dumps(sparse)
+    return EncodedRecords(head + b"}", b"".join(blob), n, json_bytes, ts_min, ts_max, trace_ids)
 
 
 def decode_records(payload: bytes, binary: bytes = b"") -> list[dict[str, Any]]:
     """Rebuild the records of a columnar payload and its binary section; ValueError if malformed."""
-    doc = _DECODE(payload.decode())
+    try:
+        doc = loads(payload)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"payload is not UTF-8: {err}") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("k"), list) or not isinstance(doc.get("c"), list):
         raise ValueError("payload is not a columnar record block")
     keys: list[str] = doc["k"]
@@ -294,41 +407,42 @@ def decode_records(payload: bytes, binary: bytes = b"") -> list[dict[str, Any]]:
     n = doc.get("n")
     if not isinstance(n, int) or n < 0:
         raise ValueError("payload has no record count")
-    forms: dict[str, str] = doc.get("f") or {}
+    forms: dict[str, Any] = doc.get("f") or {}
     try:
         _restore(columns, forms, binary, n)
+        if any(len(c) != n for c in columns):
+            raise ValueError("payload columns do not line up")
+        rows = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)] if keys else [
+            {} for _ in range(n)
+        ]
+        for key, (where, values) in (doc.get("s") or {}).items():
+            for row, value in zip(where, values, strict=True):
+                rows[row][key] = value
     except (KeyError, TypeError, IndexError, AttributeError) as err:
         raise ValueError(f"payload column is malformed: {err!r}") from err
-    if any(len(c) != n for c in columns):
-        raise ValueError("payload columns do not line up")
-    rows = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)] if n else []
-    for key_index, holes in (doc.get("a") or {}).items():
-        key = keys[int(key_index)]
-        for row in holes:
-            del rows[row][key]
     return rows
 
 
-def _restore(columns: list[Any], forms: dict[str, str], blob: bytes, n: int) -> None:
+def _restore(columns: list[Any], forms: dict[str, Any], blob: bytes, n: int) -> None:
     """Turn stored column forms back into plain value lists, in place."""
-    offset = 0
-    for index_text, form in sorted(forms.items(), key=lambda item: int(item[0])):
+    for index_text, form in forms.items():
         index = int(index_text)
         column = columns[index]
         if form == "t":
-            columns[index] = [format_ts(ms / 1000) for ms in _cumulative(column)]
+            parts = [p * n if len(p) == 1 else p for p in column]
+            if len(parts) != TS_WIDTH - 1 or any(len(p) != n for p in parts):
+                raise ValueError("payload ts column is malformed")
+            parts.append("Z" * n)
+            columns[index] = list(map("".join, zip(*parts, strict=True)))
         elif form == "h":
-            width = int(column)
+            width, offset = column
             chunk = blob[offset:offset + width * n]
             if len(chunk) != width * n:
                 raise ValueError("payload binary section is too short")
             columns[index] = [chunk[j:j + width].hex() for j in range(0, width * n, width)]
-            offset += width * n
         elif form == "d":
             values, codes = column
-            lookup = {_CODE_CHARS[j]: v for j, v in enumerate(values)}
+            lookup = dict(zip(_CODE_CHARS, values, strict=False))
             columns[index] = [lookup[c] for c in codes]
-        elif form == "x":
-            columns[index] = [None if v is None else v / 10 for v in column]
         else:
             raise ValueError(f"unknown column form {form!r}")
