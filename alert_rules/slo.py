@@ -21,16 +21,15 @@ from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, RecordingRule, RuleGroup, Severity, any_of, duration, number, selector
 from alert_rules.windows import WINDOW_PAIRS, WindowPair, threshold, windows_used
 from exporters import buckets
+from exporters.catalog.recordings import SLO_BAD_EVENTS, SLO_EVENTS, slo_error_ratio
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
 from exporters.records import Outcome
 
-EVENTS = "inferwatch:slo_events:sum"
+EVENTS = SLO_EVENTS.series
 """Recorded: every event an SLO counts, per model and ``slo``."""
-BAD_EVENTS = "inferwatch:slo_bad_events:sum"
+BAD_EVENTS = SLO_BAD_EVENTS.series
 """Recorded: the events that miss the SLO, per model and ``slo``."""
-ERROR_RATIO = "inferwatch:slo_error:ratio_rate{window}"
-"""Recorded: bad / all events over a window, per model and ``slo`` (``{window}`` e.g. ``5m``)."""
 
 BY = "model_name"
 
@@ -47,7 +46,7 @@ def le_value(bound: float) -> str:
 
 def error_ratio_name(window_s: int) -> str:
     """Name of the recorded error ratio over a window."""
-    return ERROR_RATIO.format(window=duration(window_s))
+    return slo_error_ratio(duration(window_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +149,6 @@ def rule_groups(config: RulesConfig) -> tuple[RuleGroup, ...]:
 
 
 __all__ = [
-    "BAD_EVENTS", "ERROR_RATIO", "EVENTS", "Slo", "availability", "burn_alerts", "error_outcomes",
+    "BAD_EVENTS", "EVENTS", "Slo", "availability", "burn_alerts", "error_outcomes",
     "error_ratio_name", "latency", "le_value", "recording_rules", "rule_groups", "slos",
 ]

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 from grafanalib import core
 
-from dashboards import external
 from dashboards.config import DashboardConfig
 from dashboards.panels import DATASOURCE, Row, Spec, layout
 from exporters.catalog import gpu, request, vllm
+from exporters.catalog import prometheus as external
 
 ON_TIME_RANGE_CHANGE = 2
 
@@ -57,7 +57,7 @@ def annotations() -> core.Annotations:
     """Firing alerts as annotations on every time-series panel."""
     return core.Annotations(list=[{
         "datasource": DATASOURCE, "enable": True, "hide": False, "iconColor": "red",
-        "name": "Alerts firing", "expr": f'{external.ALERTS.name}{{alertstate="firing"}}',
+        "name": "Alerts firing", "expr": f'{external.ALERTS.series}{{alertstate="firing"}}',
         "step": "60s", "titleFormat": "{{alertname}}", "tagKeys": "severity,model_name",
         "useValueForTime": False,
     }])

@@ -32,7 +32,6 @@ from typing import Any
 
 import promql_parser
 
-from dashboards import external
 from exporters.catalog import ALL_SPECS, MetricSpec, MetricType
 
 MAGIC = {"$__rate_interval": "7777s", "${__rate_interval}": "7777s", "$__interval": "7778s",
@@ -104,8 +103,6 @@ def _types() -> dict[str, MetricType]:
             types[name] = MetricType.COUNTER if spec.type is MetricType.HISTOGRAM else spec.type
         for alias in spec.aliases.values():
             types[alias] = spec.type
-    for series in external.SERIES:
-        types[series.name] = series.type
     return types
 
 

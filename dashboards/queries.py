@@ -14,8 +14,8 @@ from alert_rules import slo as slo_rules
 from alert_rules.config import RulesConfig
 from alert_rules.spec import any_of, duration, number
 from alert_rules.windows import windows_used
-from dashboards import external
 from exporters.catalog import engine, gpu, pipeline, process, request, rules, vllm
+from exporters.catalog import prometheus as external
 from exporters.catalog.spec import MetricSpec
 
 RATE = "$__rate_interval"
@@ -209,12 +209,12 @@ def prefill_share_per_request() -> Query:
 
 def alerts_firing() -> Query:
     """Alerts firing now; 0 when Prometheus has no alert series (nothing pending or firing)."""
-    return Query(f'count({external.ALERTS.name}{{alertstate="firing"}}) or vector(0)', "firing", instant=True)
+    return Query(f'count({external.ALERTS.series}{{alertstate="firing"}}) or vector(0)', "firing", instant=True)
 
 
 def alerts_by_state() -> Query:
     """Pending and firing alerts by state; 0 when there are none."""
-    return Query(f"count by (alertstate) ({external.ALERTS.name}) or vector(0)", "{{alertstate}}")
+    return Query(f"count by (alertstate) ({external.ALERTS.series}) or vector(0)", "{{alertstate}}")
 
 
 # ------------------------------------------------------------------ vLLM engine and KV cache
@@ -428,7 +428,7 @@ def readiness(config_vllm_job: str) -> list[Query]:
         Query(f"max({sel(request.UPSTREAM_READY)})", "ready (sidecar probe)"),
         Query(by("model_name, engine", sel(vllm.ENGINE_SLEEP_STATE, 'sleep_state="awake"'), "max"),
               "awake {{model_name}}/{{engine}}"),
-        Query(f'max({external.UP.name}{{job="{config_vllm_job}"}})', "scraped by Prometheus"),
+        Query(f'max({external.UP.series}{{job="{config_vllm_job}"}})', "scraped by Prometheus"),
     ]
 
 
@@ -641,14 +641,14 @@ def scrape_age() -> Query:
 
 def prometheus_targets() -> Query:
     """Prometheus' own scrape of each job: 1 up, 0 down."""
-    return Query(by("job", external.UP.name, "min"), "{{job}}")
+    return Query(by("job", external.UP.series, "min"), "{{job}}")
 
 
 def rule_evaluation_time() -> list[Query]:
     """Seconds the last evaluation of each rule group took, and rule evaluation failures per second."""
     return [
-        Query(by("rule_group", external.RULE_GROUP_LAST_DURATION.name, "max"), "{{rule_group}}"),
-        Query(f"sum(rate({external.RULE_EVALUATION_FAILURES.name}[{RATE}]))", "failures/s"),
+        Query(by("rule_group", external.RULE_GROUP_LAST_DURATION.series, "max"), "{{rule_group}}"),
+        Query(f"sum(rate({external.RULE_EVALUATION_FAILURES.series}[{RATE}]))", "failures/s"),
     ]
 
 
@@ -656,9 +656,9 @@ def notifications(prometheus_job: str) -> list[Query]:
     """Alert notifications per second sent, failed and dropped by Prometheus."""
     job = f'{{job="{prometheus_job}"}}'
     return [
-        Query(f"sum(rate({external.NOTIFICATIONS_SENT.name}{job}[{RATE}]))", "sent"),
-        Query(f"sum(rate({external.NOTIFICATIONS_ERRORS.name}{job}[{RATE}]))", "failed"),
-        Query(f"sum(rate({external.NOTIFICATIONS_DROPPED.name}{job}[{RATE}]))", "dropped"),
+        Query(f"sum(rate({external.NOTIFICATIONS_SENT.series}{job}[{RATE}]))", "sent"),
+        Query(f"sum(rate({external.NOTIFICATIONS_ERRORS.series}{job}[{RATE}]))", "failed"),
+        Query(f"sum(rate({external.NOTIFICATIONS_DROPPED.series}{job}[{RATE}]))", "dropped"),
     ]
 
 

@@ -2,7 +2,8 @@
 
 Outside this package a metric name is spelled only through a :class:`MetricSpec` attribute,
 so exporters, rules and dashboards cannot drift apart. Each area keeps its specs in its own
-module (``request``, ``vllm``, ``engine``, ``gpu``, ``process``, ``pipeline``, ``rules``);
+module (``request``, ``vllm``, ``engine``, ``gpu``, ``process``, ``pipeline``, ``rules``,
+``recordings`` for our recording rules' outputs, ``prometheus`` for what Prometheus writes itself);
 ``ALL_SPECS`` joins them and refuses a name declared twice.
 """
 
@@ -12,7 +13,7 @@ import importlib
 
 from exporters.catalog.spec import MetricSpec, MetricType, Source
 
-_AREAS = ("request", "vllm", "engine", "gpu", "process", "pipeline", "rules")
+_AREAS = ("request", "vllm", "engine", "gpu", "process", "pipeline", "rules", "recordings", "prometheus")
 
 
 def _load() -> tuple[MetricSpec, ...]:

@@ -13,8 +13,8 @@ import pytest
 from alert_rules import slo
 from alert_rules.config import RulesConfig
 from alert_rules.windows import windows_used
-from dashboards import external
 from dashboards.lint import expand, metric_names
+from exporters.catalog import prometheus as external
 from exporters.catalog import sample_names
 from exporters.catalog import vllm as vllm_catalog
 
@@ -63,7 +63,7 @@ def test_every_metric_name_exists(boards: dict[str, dict[str, Any]]) -> None:
     """Each name is in the catalog, the real vLLM 0.32 capture, the rules' recordings or Prometheus' own."""
     vllm_real = exposed_names(VLLM_EXPOSITION)
     prometheus_real = exposed_names(PROMETHEUS_EXPOSITION)
-    synthetic = {s.name for s in external.SERIES if s.synthetic}
+    synthetic = {s.series for s in external.SYNTHETIC}
     known_sidecar = sample_names()
     unknown = []
     for where, expr in all_exprs(boards):
@@ -84,7 +84,8 @@ def test_every_metric_name_exists(boards: dict[str, dict[str, Any]]) -> None:
 def test_external_series_are_declared_with_real_names() -> None:
     """Every non-synthetic Prometheus series declared for the boards is in the real 2.42 exposition."""
     real = exposed_names(PROMETHEUS_EXPOSITION)
-    assert [s.name for s in external.SERIES if not s.synthetic and s.name not in real] == []
+    declared = [s.series for s in external.SPECS if s not in external.SYNTHETIC]
+    assert [name for name in declared if name not in real] == []
 
 
 def test_every_vllm_family_is_on_a_board(boards: dict[str, dict[str, Any]]) -> None:

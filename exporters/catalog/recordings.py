@@ -1,0 +1,26 @@
+"""Series written by inferwatch's own recording rules (in Prometheus and in the embedded engine)."""
+
+from __future__ import annotations
+
+from exporters.catalog.spec import MetricSpec, MetricType, Source
+
+SLO_LABELS = ("model_name", "slo")
+
+SLO_EVENTS = MetricSpec(
+    "inferwatch:slo_events:sum", MetricType.GAUGE,
+    "Every event an SLO counts (a sum of counters), per model and slo.", SLO_LABELS, source=Source.RECORDING,
+)
+SLO_BAD_EVENTS = MetricSpec(
+    "inferwatch:slo_bad_events:sum", MetricType.GAUGE,
+    "The events that miss the SLO (a sum of counters), per model and slo.", SLO_LABELS, source=Source.RECORDING,
+)
+SLO_ERROR_RATIO_PREFIX = "inferwatch:slo_error:ratio_rate"
+"""Recorded bad / all events over a window: the name is this prefix plus the window, e.g. ``...rate5m``."""
+
+
+def slo_error_ratio(window: str) -> str:
+    """Name of the recorded SLO error ratio over ``window`` (a Prometheus duration such as ``5m``)."""
+    return f"{SLO_ERROR_RATIO_PREFIX}{window}"
+
+
+SPECS: tuple[MetricSpec, ...] = (SLO_EVENTS, SLO_BAD_EVENTS)
