@@ -1,0 +1,74 @@
+"""The architecture's dependency rules, checked on the source (see CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("serving", "exporters", "alert_rules", "dashboards", "log_pipeline")
+
+# package -> packages of ours it may import
+ALLOWED = {
+    "exporters": set(),
+    "log_pipeline": {"exporters"},
+    "alert_rules": {"exporters"},
+    "dashboards": {"exporters", "alert_rules"},
+    "serving": {"exporters", "alert_rules", "dashboards", "log_pipeline"},
+}
+# third-party module -> the only places that may import it
+HOMES = {
+    "grafanalib": ("dashboards/",),
+    "zstandard": ("log_pipeline/",),
+    "pynvml": ("exporters/nvml.py",),
+    "aiohttp": ("serving/",),
+    "apscheduler": ("serving/",),
+    "opentelemetry": ("serving/",),
+}
+# modules that may spell metric names as string literals
+NAME_HOMES = ("exporters/catalog/",)
+METRIC_LITERAL = re.compile(r"""["'](?:vllm:[a-z_]+|inferwatch_[a-z_]+|inferwatch:[a-z_:]+)""")
+
+
+def _modules() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_follow_the_layers(path: Path) -> None:
+    """A module imports only the inferwatch packages its layer allows, and third-party libraries stay home."""
+    rel = str(path.relative_to(ROOT))
+    package = rel.split("/", 1)[0]
+    for name in _imports(path):
+        top = name.split(".", 1)[0]
+        if top in PACKAGES and top != package:
+            assert top in ALLOWED[package], f"{rel} imports {name}: {package} may not import {top}"
+        if top in HOMES:
+            assert rel.startswith(HOMES[top]), f"{rel} imports {top}, which lives only in {HOMES[top]}"
+
+
+def test_no_stray_metric_names() -> None:
+    """Outside the catalog, no module spells a vllm:, inferwatch_ or inferwatch: metric name as a literal."""
+    offenders = []
+    for path in _modules():
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(NAME_HOMES):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if METRIC_LITERAL.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == []
