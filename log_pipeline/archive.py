@@ -26,7 +26,7 @@ import zstandard
 
 from log_pipeline import frames
 from log_pipeline.config import LogConfig
-from log_pipeline.index import MAX_FRAMES, index_key, write_index
+from log_pipeline.index import MAX_FRAMES, IndexBuilder, trace_key, write_index
 from log_pipeline.reader import SegmentReader
 from log_pipeline.segments import INDEX_SUFFIX, OPEN_SUFFIX, SEGMENT_SUFFIX, archive_dir, list_segments
 
@@ -63,8 +63,7 @@ class _OpenSegment:
         self.opened_at = opened_at
         self.size = 0
         self.records = 0
-        self.offsets: list[int] = []
-        self.entries: list[tuple[int, int]] = []
+        self.index = IndexBuilder()
         self.ts_min = self.ts_max = frames.NO_TS
         self.compressor: zstandard.ZstdCompressor | None = None
         self.dict_id = 0
@@ -160,16 +159,16 @@ class ArchiveWriter:
         header = frames.FrameHeader(
             frames.KIND_RECORDS, segment.dict_id, encoded.n_records, len(encoded.payload), len(payload),
             len(encoded.binary), encoded.json_bytes, encoded.ts_min_ms, encoded.ts_max_ms, _crc(body),
+            encoded.flags,
         )
-        frame_no = len(segment.offsets)
         offset = segment.size
         try:
             segment.write(header.pack() + body)
         except OSError as err:
             self._abandon(segment, err, len(records))
             return
-        segment.offsets.append(offset)
-        segment.entries.extend((index_key(_trace_id(r)), frame_no) for r in records)
+        keys = encoded.trace_ids
+        segment.index.add_frame(offset, keys if keys is not None else _trace_keys(records))
         segment.records += len(records)
         segment.ts_min, segment.ts_max = _ts_range(
             (segment.ts_min, segment.ts_max), encoded.ts_min_ms, encoded.ts_max_ms
@@ -184,7 +183,7 @@ class ArchiveWriter:
                 self._train(segment)
         if (
             segment.size >= self.config.segment_max_bytes
-            or len(segment.offsets) >= MAX_FRAMES
+            or len(segment.index.offsets) >= MAX_FRAMES
         ):
             self.publish()
 
@@ -249,10 +248,7 @@ class ArchiveWriter:
         try:
             os.fsync(segment.fd)
             if segment.records:
-                write_index(
-                    self.root / f"{segment.name}{INDEX_SUFFIX}", segment.entries, segment.offsets,
-                    segment.ts_min, segment.ts_max,
-                )
+                segment.index.write(self.root / f"{segment.name}{INDEX_SUFFIX}", segment.ts_min, segment.ts_max)
                 os.replace(segment.path, self.root / f"{segment.name}{SEGMENT_SUFFIX}")
                 self.stats.segments_published += 1
             else:
@@ -291,8 +287,8 @@ class ArchiveWriter:
         return recovered
 
     def _recover_one(self, path: Path, name: str, fd: int) -> Path | None:
-        entries: list[tuple[int, int]] = []
-        offsets: list[int] = []
+        entries: list[tuple[int, bytes]] = []
+        records_seen = 0
         ts = (frames.NO_TS, frames.NO_TS)
         end = 0
         try:
@@ -302,28 +298,28 @@ class ArchiveWriter:
             return None
         with reader:
             for frame, records in reader.iter_records():
-                if len(offsets) >= MAX_FRAMES:
+                if len(entries) >= MAX_FRAMES:
                     break
-                entries.extend((index_key(_trace_id(r)), len(offsets)) for r in records)
-                offsets.append(frame.offset)
+                entries.append((frame.offset, _trace_keys(records)))
+                records_seen += len(records)
                 ts = _ts_range(ts, frame.header.ts_min_ms, frame.header.ts_max_ms)
                 end = frame.end
             for frame in reader.frames(end):  # a dictionary frame may follow the last records frame
                 if frame.header.kind == frames.KIND_DICTIONARY:
                     end = frame.end
                 break
-        if not offsets:
+        if not entries:
             path.unlink()
             self._on_problem(f"{path}: removed, it held no intact frame")
             return None
         if end < os.fstat(fd).st_size:
             os.ftruncate(fd, end)
         os.fsync(fd)
-        write_index(self.root / f"{name}{INDEX_SUFFIX}", entries, offsets, *ts)
+        write_index(self.root / f"{name}{INDEX_SUFFIX}", entries, *ts)
         final = self.root / f"{name}{SEGMENT_SUFFIX}"
         os.replace(path, final)
         _fsync_dir(self.root)
-        self._on_problem(f"{path}: recovered {len(entries)} records in {len(offsets)} frames")
+        self._on_problem(f"{path}: recovered {records_seen} records in {len(entries)} frames")
         return final
 
     def enforce_retention(self) -> None:
@@ -353,8 +349,13 @@ class ArchiveWriter:
 
 
 def _trace_id(record: dict[str, Any]) -> str:
-    value = record.get("trace_id")
+    value = record.get(frames.TRACE_KEY)
     return value if isinstance(value, str) else ""
+
+
+def _trace_keys(records: list[dict[str, Any]]) -> bytes:
+    """The index keys of the records' trace ids, concatenated (the slow path: ids not all hex)."""
+    return b"".join([trace_key(_trace_id(r)) for r in records])
 
 
 def _crc(data: bytes) -> int:

@@ -74,6 +74,11 @@ _KEY_BYTES: dict[str, int] = {}
 _LOWER_HEX = re.compile(r"[0-9a-f]+")
 _CODE_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_"
 _MIN_CODED_ROWS = 16
+_TEXT_KINDS = frozenset({str, type(None)})
+_INT_KINDS = frozenset({str, int, type(None)})
+_BOOL_KINDS = frozenset({str, bool, type(None)})
+_DECIMAL = rb"(?:null|(?!-0\.0[,\]])-?(?:0|[1-9]\d*)\.\d)"
+_ONE_DECIMAL = re.compile(rb"\[" + _DECIMAL + rb"(?:," + _DECIMAL + rb")*\]")
 _Columns = tuple[tuple[str, ...], list[Any], dict[str, list[list[Any]]]]
 """Keys every record has, their columns, and ``{key: [rows, values]}`` for the other keys."""
 
@@ -175,31 +180,44 @@ class EncodedRecords:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON of ``value``, exactly reversible: orjson, or the stdlib where orjson is not exact.
+    """Compact JSON of ``value``, exactly reversible by :func:`loads` (see :func:`dumps_checked`)."""
+    return dumps_checked(value)[0]
+
+
+def dumps_checked(value: Any) -> tuple[bytes, bool]:
+    """Compact JSON of ``value``, and True when it had to come from the stdlib encoder.
 
     orjson writes NaN and infinities as ``null`` and refuses integers beyond 64 bits; a value
-    with either (or anything else orjson refuses) goes through the stdlib encoder instead.
+    with either (or anything else orjson refuses) goes through the stdlib encoder instead, and
+    such text must be parsed back by the stdlib too (orjson reads big integers as floats).
     """
     try:
         text = orjson.dumps(value)
     except TypeError:
-        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass")
-    if b"null" in text and _nulls(value) != text.count(b"null"):
-        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass")
-    return text
+        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass"), True
+    if b"null" in text and _nulls(value) != text.count(b"null") and not _same(orjson.loads(text), value):
+        return _STDLIB_DUMPS(value).encode("utf-8", "surrogatepass"), True
+    return text, False
 
 
 def _nulls(value: Any) -> int:
-    """How many top-level None a list holds (a count of nulls any other way means a non-finite float)."""
+    """How many top-level None a list holds (more nulls in its JSON: nested ones, or non-finite floats)."""
     return value.count(None) if isinstance(value, list | tuple) else int(value is None)
 
 
-def loads(data: bytes) -> Any:
-    """Parse what :func:`dumps` wrote (orjson, or the stdlib for NaN and infinities)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return _STDLIB_DECODE(data.decode("utf-8", "surrogatepass"))
+def _same(parsed: Any, value: Any) -> bool:
+    """True when JSON parsed back equals the value it was written from (NaN never does)."""
+    return bool(parsed == (list(value) if isinstance(value, tuple) else value))
+
+
+def loads(data: bytes, *, stdlib: bool = False) -> Any:
+    """Parse what :func:`dumps` wrote; ``stdlib`` when :func:`dumps_checked` said it used the stdlib."""
+    if not stdlib:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return _STDLIB_DECODE(data.decode("utf-8", "surrogatepass"))
 
 
 def _transpose(records: Sequence[dict[str, Any]]) -> _Columns:
@@ -288,7 +306,7 @@ def _ts_positions(column: Sequence[Any]) -> tuple[list[str], str, str] | None:
 
 
 def _codes(column: Sequence[Any]) -> tuple[list[Any], str] | None:
-    """Distinct values and one code character per row, for a column of few distinct strings (or nulls)."""
+    """Distinct values and one code character per row, for a column of few distinct strings, ints or bools."""
     n = len(column)
     if n < _MIN_CODED_ROWS:
         return None
@@ -298,11 +316,20 @@ def _codes(column: Sequence[Any]) -> tuple[list[Any], str] | None:
         return None  # lists or objects
     if len(lookup) > min(len(_CODE_CHARS), n // 4):
         return None
+    if not set(map(type, lookup)) <= _TEXT_KINDS:
+        kinds = set(map(type, column))  # 1 == 1.0 == True: only one kind of number may be coded
+        if not (kinds <= _INT_KINDS or kinds <= _BOOL_KINDS):
+            return None
     for code, value in zip(_CODE_CHARS, lookup, strict=False):
-        if value is not None and type(value) is not str:
-            return None  # numbers: 1 == 1.0 == True would merge distinct values
         lookup[value] = code
     return list(lookup), "".join(map(lookup.__getitem__, column))
+
+
+def _tenths(text: bytes) -> bytes | None:
+    """A JSON list of one-decimal floats (or nulls) as integer tenths, or None when it is not one."""
+    if not _ONE_DECIMAL.fullmatch(text):
+        return None
+    return text.replace(b".", b"").replace(b",0", b",").replace(b"[0", b"[").replace(b"-0", b"-")
 
 
 def _key_bytes(key: str) -> int:
@@ -331,6 +358,7 @@ def encode_records(records: Sequence[dict[str, Any]]) -> EncodedRecords:
     if not n:
         return EncodedRecords(b'{"n":0,"k":[],"c":[]}', b"", 0, 0, NO_TS, NO_TS)
     keys, columns, sparse = _transpose(records)
+    stdlib = False
     parts: list[bytes] = []
     forms: dict[str, Any] = {}
     blob: list[bytes] = []
@@ -369,15 +397,21 @@ def encode_records(records: Sequence[dict[str, Any]]) -> EncodedRecords:
                     blob.append(raw)
                     blob_size += len(raw)
                     value_bytes = (2 * width + 2) * n
-        if stored is None and (first is None or type(first) is str):
+        if stored is None and type(first) is not float and type(first) is not dict and type(first) is not list:
             coded = _codes(column)
             if coded is not None:
                 values, codes = coded
-                forms[str(i)], stored = "d", dumps([values, codes])
+                stored, fallback = dumps_checked([values, codes])
+                forms[str(i)], stdlib = "d", stdlib or fallback
                 value_bytes = _json_size(values, [codes.count(c) for c in _CODE_CHARS[:len(values)]])
         if stored is None:
-            stored = dumps(column)
+            stored, fallback = dumps_checked(column)
+            stdlib |= fallback
             value_bytes = len(stored) - 1 - n  # brackets and commas
+            if (first is None or type(first) is float) and b"." in stored:
+                tenths = _tenths(stored)
+                if tenths is not None:
+                    forms[str(i)], stored = "x", tenths
         parts.append(stored)
         json_bytes += value_bytes + n * _key_bytes(key)
     for key, (rows, values) in sparse.items():
@@ -388,14 +422,18 @@ def encode_records(records: Sequence[dict[str, Any]]) -> EncodedRecords:
     if forms:
         head += b',"f":' + dumps(forms)
     if sparse:
-        head += b',"s":' + dumps(sparse)
+        text, fallback = dumps_checked(sparse)
+        head += b',"s":' + text
+        stdlib |= fallback
+    if stdlib:
+        head += b',"j":1'  # parse with the stdlib: the text has big integers, NaN or infinities
     return EncodedRecords(head + b"}", b"".join(blob), n, json_bytes, ts_min, ts_max, trace_ids)
 
 
 def decode_records(payload: bytes, binary: bytes = b"") -> list[dict[str, Any]]:
     """Rebuild the records of a columnar payload and its binary section; ValueError if malformed."""
     try:
-        doc = loads(payload)
+        doc = loads(payload, stdlib=payload.endswith(b',"j":1}'))
     except UnicodeDecodeError as err:
         raise ValueError(f"payload is not UTF-8: {err}") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("k"), list) or not isinstance(doc.get("c"), list):
@@ -444,5 +482,7 @@ def _restore(columns: list[Any], forms: dict[str, Any], blob: bytes, n: int) -> 
             values, codes = column
             lookup = dict(zip(_CODE_CHARS, values, strict=False))
             columns[index] = [lookup[c] for c in codes]
+        elif form == "x":
+            columns[index] = [None if v is None else v / 10 for v in column]
         else:
             raise ValueError(f"unknown column form {form!r}")

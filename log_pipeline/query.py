@@ -78,6 +78,17 @@ class ArchiveStats:
         return self.json_bytes / stored if stored else 0.0
 
 
+def _raw_trace_id(trace_id: str) -> bytes | None:
+    """The 16 bytes of a 32-digit lowercase hex id (as frames carry them), else None."""
+    if len(trace_id) != 2 * frames.TRACE_ID_BYTES:
+        return None
+    try:
+        raw = bytes.fromhex(trace_id)
+    except ValueError:
+        return None
+    return raw if raw.hex() == trace_id else None
+
+
 class Archive:
     """A read-only view of an archive directory."""
 
@@ -117,9 +128,13 @@ class Archive:
                     continue
                 with index:
                     offsets = index.frame_offsets_for(trace_id)
+                raw_id = _raw_trace_id(trace_id)
                 for offset in offsets:
                     try:
-                        records = reader.records(reader.frame_at(offset))
+                        frame = reader.frame_at(offset)
+                        if raw_id is not None and not reader.may_hold(frame, raw_id):
+                            continue
+                        records = reader.records(frame)
                     except CorruptFrameError as err:
                         self._on_problem(str(err))
                         continue

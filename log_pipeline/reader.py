@@ -61,7 +61,14 @@ class SegmentReader:
         except OSError as err:
             raise ArchiveError(str(path), f"cannot read segment: {err.strerror}") from err
         if self.size >= 4 and self._data[:4] != _MAGIC:
+            self.close()
             raise ArchiveError(str(path), "not an inferwatch archive segment (no frame header at byte 0)")
+        version = frames.header_version(self._data[:frames.FRAME_OVERHEAD])
+        if version is not None and version != frames.VERSION:
+            self.close()
+            raise ArchiveError(
+                str(path), f"archive segment format version {version}; this inferwatch reads version {frames.VERSION}"
+            )
 
     def close(self) -> None:
         """Release the file mapping."""
@@ -170,6 +177,16 @@ class SegmentReader:
                 str(self.path), frame.offset, f"{len(rows)} records, header says {frame.header.n_records}"
             )
         return rows
+
+    def may_hold(self, frame: Frame, key: bytes) -> bool:
+        """False when the frame carries its trace ids raw and ``key`` (a 16-byte hex id) is not among them."""
+        if not frame.header.flags & frames.FLAG_TRACE_IDS:
+            return True
+        ids = frame.binary[:frames.TRACE_ID_BYTES * frame.header.n_records]
+        position = ids.find(key)
+        while position >= 0 and position % frames.TRACE_ID_BYTES:
+            position = ids.find(key, position + 1)
+        return position >= 0
 
     def iter_records(self) -> Iterator[tuple[Frame, list[dict[str, Any]]]]:
         """Every decodable records frame with its records; undecodable frames are reported."""

@@ -198,3 +198,33 @@ class TestDamage:
         path.write_bytes(b"\x1f\x8b\x08\x00garbage")
         with pytest.raises(ValueError, match="not an inferwatch archive segment"):
             SegmentReader(path)
+
+    def test_a_segment_of_another_format_version_is_refused_by_name(self, tmp_path: Path) -> None:
+        """A segment whose first header names format version 1 is refused, saying which version it is."""
+        writer = ArchiveWriter(_config(tmp_path))
+        for record in make_records(10):
+            writer.append(record)
+        writer.close()
+        (segment,) = list_segments(tmp_path)
+        data = bytearray(segment.path.read_bytes())
+        data[frames.PREFIX_SIZE + 4] = 1
+        segment.path.write_bytes(bytes(data))
+        with pytest.raises(ValueError, match="format version 1; this inferwatch reads version 2"):
+            SegmentReader(segment.path)
+
+    def test_frames_carry_hex_trace_ids_raw_for_lookups(self, tmp_path: Path) -> None:
+        """Frames of hex trace ids are flagged and tested without decoding; one with a non-hex id is not."""
+        records = make_records(128)
+        records[100]["trace_id"] = "req-7"
+        writer = ArchiveWriter(_config(tmp_path))
+        for record in records:
+            writer.append(record)
+        writer.close()
+        (segment,) = list_segments(tmp_path)
+        with SegmentReader(segment.path) as reader:
+            first, second = list(reader.frames())
+            assert first.header.flags & frames.FLAG_TRACE_IDS
+            assert not second.header.flags & frames.FLAG_TRACE_IDS
+            assert reader.may_hold(first, bytes.fromhex(records[5]["trace_id"]))
+            assert not reader.may_hold(first, bytes.fromhex(records[70]["trace_id"]))
+            assert reader.may_hold(second, bytes.fromhex(records[5]["trace_id"]))  # unflagged: must decode

@@ -12,8 +12,9 @@ from log_pipeline.archive import ArchiveWriter
 from log_pipeline.config import LogConfig
 from log_pipeline.errors import ArchiveError
 from log_pipeline.frames import ts_to_ms
-from log_pipeline.index import SegmentIndex, index_key
+from log_pipeline.index import SegmentIndex, trace_key
 from log_pipeline.query import Archive, Filter
+from log_pipeline.reader import SegmentReader
 from log_pipeline.segments import list_segments
 from tests.unit.log_pipeline.conftest import make_records
 
@@ -49,15 +50,35 @@ class TestFind:
         _write(tmp_path, make_records(500))
         assert list(Archive(tmp_path).find("0" * 32)) == []
 
-    def test_the_index_narrows_the_lookup_to_one_frame(self, tmp_path: Path) -> None:
-        """The index of a segment names exactly the frame that holds a trace."""
+    def test_the_index_narrows_the_lookup_to_one_frame(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A lookup decompresses only the frame that holds the trace, though its group names more."""
         records = make_records(500)
         _write(tmp_path, records)
         (segment,) = list_segments(tmp_path)
         with SegmentIndex(segment.index_path) as index:
             offsets = index.frame_offsets_for(records[321]["trace_id"])
             assert index.n_entries == 500
-        assert len(offsets) == 1
+        assert len(offsets) == index.n_frames  # 500 records: one group
+        decoded: list[int] = []
+        original = SegmentReader.records
+        monkeypatch.setattr(SegmentReader, "records", lambda self, frame: decoded.append(frame.offset)
+                            or original(self, frame))
+        assert list(Archive(tmp_path).find(records[321]["trace_id"])) == [records[321]]
+        assert len(decoded) == 1
+
+    def test_groups_of_a_large_segment_rule_out_most_frames(self, tmp_path: Path) -> None:
+        """In a segment of many groups, a present id names one group's frames and an absent one almost none."""
+        records = make_records(40_000)
+        _write(tmp_path, records, frame_max_records=256, segment_max_bytes=64 * 1024 * 1024)
+        (segment,) = list_segments(tmp_path)
+        with SegmentIndex(segment.index_path) as index:
+            hit = index.frame_offsets_for(records[12_345]["trace_id"])
+            misses = [len(index.frame_offsets_for(f"{i:032x}")) for i in range(200)]
+            n_frames = index.n_frames
+        assert 0 < len(hit) < n_frames / 4
+        assert sum(misses) / len(misses) < n_frames / 20
 
     def test_a_missing_index_falls_back_to_a_scan_with_a_warning(self, tmp_path: Path) -> None:
         """Deleting the index still finds the record and reports the missing index."""
@@ -86,7 +107,8 @@ class TestFind:
         records[5]["trace_id"] = "req-42"
         _write(tmp_path, records)
         assert list(Archive(tmp_path).find("req-42")) == [records[5]]
-        assert index_key("req-42") == index_key("req-42")
+        assert trace_key("req-42") == trace_key("req-42") != trace_key("req-43")
+        assert trace_key("0123456789abcdef" * 2) == bytes.fromhex("0123456789abcdef" * 2)
 
 
 class TestErrors:
