@@ -31,7 +31,7 @@ from log_pipeline.reader import SegmentReader
 from log_pipeline.segments import INDEX_SUFFIX, OPEN_SUFFIX, SEGMENT_SUFFIX, archive_dir, list_segments
 
 Report = Callable[[str], None]
-_SAMPLE_CHUNK = 8  # records per training sample: dictionaries matter most for small frames
+_SAMPLE_CHUNK = 16  # records per training sample: dictionaries matter most for small frames
 
 
 def _ignore(_message: str) -> None:

@@ -310,6 +310,9 @@ def _codes(column: Sequence[Any]) -> tuple[list[Any], str] | None:
     n = len(column)
     if n < _MIN_CODED_ROWS:
         return None
+    first = column[0]
+    if type(first) is str and column.count(first) == n:
+        return [first], _CODE_CHARS[0] * n  # a constant column (only strings equal a string)
     try:
         lookup = dict.fromkeys(column)
     except TypeError:
