@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alert_rules import notify
+from alert_rules.promql.ast import Node
 from alert_rules.promql.errors import EvaluationError, UnsupportedExpression
 from alert_rules.promql.evaluate import DEFAULT_LOOKBACK_MS, Evaluator
 from alert_rules.promql.parse import parse_expr
+from alert_rules.promql.shared import Reads, share
 from alert_rules.promql.template import TemplateData, TemplateError, check_template, expand
 from alert_rules.promql.values import NAME, STALE_NAN, Labels, labels_of
 from alert_rules.store import SeriesStore
@@ -210,7 +212,8 @@ class RuleEngine:
                  external_labels: Mapping[str, str] | None = None, external_url: str = "") -> None:
         self.groups = list(groups)
         self.store = store
-        self.evaluator = Evaluator(store, lookback_ms)
+        self._trees, shared = self._parse_all()
+        self.evaluator = Evaluator(store, lookback_ms, shared)
         self.default_interval_ms = default_interval_ms
         self.recorded_retention_ms = recorded_retention_ms
         self.resend_delay_ms = resend_delay_ms
@@ -219,6 +222,22 @@ class RuleEngine:
         self.active: dict[str, dict[Labels, Alert]] = {}
         self.last_eval_ms: dict[str, int] = {}
         self._previous: dict[tuple[str, int], set[Labels]] = {}
+
+    def _parse_all(self) -> tuple[dict[tuple[str, int], tuple[str, Node]], dict[int, Reads]]:
+        """(group, rule index) -> (expression, tree), with subtrees repeated across rules made one
+        object, and those subtrees' ids -> the metric names they read (see :mod:`alert_rules.promql.shared`)."""
+        keys: list[tuple[str, int]] = []
+        texts: list[str] = []
+        for group in self.groups:
+            for index, rule in enumerate(group.rules):
+                try:
+                    parse_expr(rule.expr)
+                except (UnsupportedExpression, ValueError):
+                    continue  # reported by each evaluation, as before
+                keys.append((group.name, index))
+                texts.append(rule.expr)
+        trees, shared = share([parse_expr(text) for text in texts])
+        return {key: (text, tree) for key, text, tree in zip(keys, texts, trees, strict=True)}, shared
 
     # scheduling
 
@@ -254,11 +273,13 @@ class RuleEngine:
         self.last_eval_ms[group.name] = t_ms
         interval = self.interval_of(group)
         for index, rule in enumerate(group.rules):
+            parsed = self._trees.get((group.name, index))
+            expr: str | Node = parsed[1] if parsed is not None and parsed[0] == rule.expr else rule.expr
             try:
                 if isinstance(rule, RecordingRule):
-                    produced = self._record(rule, t_ms)
+                    produced = self._record(rule, expr, t_ms)
                 else:
-                    produced = self._alert(rule, t_ms, result)
+                    produced = self._alert(rule, expr, t_ms, result)
                     result.to_send.extend(self._sendable(rule, t_ms, interval))
             except (EvaluationError, ArithmeticError, ValueError) as err:
                 result.errors.append(f"group {group.name!r} rule {index} "
@@ -267,15 +288,15 @@ class RuleEngine:
             self._write_stale(group.name, index, produced, t_ms)
         return result
 
-    def _query(self, expr: str, t_ms: int) -> list[tuple[Labels, float]]:
+    def _query(self, expr: str | Node, t_ms: int) -> list[tuple[Labels, float]]:
         value = self.evaluator.query(expr, t_ms)
         if isinstance(value, float):
             return [((), value)]
         return value
 
-    def _record(self, rule: RecordingRule, t_ms: int) -> set[Labels]:
+    def _record(self, rule: RecordingRule, expr: str | Node, t_ms: int) -> set[Labels]:
         out: list[tuple[Labels, float]] = []
-        for labels, value in self._query(rule.expr, t_ms):
+        for labels, value in self._query(expr, t_ms):
             mapping = dict(labels)
             mapping[NAME] = rule.record
             mapping.update(rule.labels)
@@ -287,9 +308,9 @@ class RuleEngine:
             self.store.append(labels, t_ms, value, self.recorded_retention_ms)
         return produced
 
-    def _alert(self, rule: AlertingRule, t_ms: int, result: StepResult) -> set[Labels]:
+    def _alert(self, rule: AlertingRule, expr: str | Node, t_ms: int, result: StepResult) -> set[Labels]:
         fresh: dict[Labels, Alert] = {}
-        for labels, value in self._query(rule.expr, t_ms):
+        for labels, value in self._query(expr, t_ms):
             base = {k: v for k, v in labels if k != NAME}
             data = TemplateData(base, value, self.external_labels, self.external_url)
             mapping = dict(base)

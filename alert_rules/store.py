@@ -152,6 +152,8 @@ class SeriesStore:
         self._by_name: dict[str, dict[Labels, Series]] = {}
         self._sorted: dict[str, list[Series]] = {}
         self._selected: dict[str, dict[tuple[Matcher, ...], list[Series]]] = {}
+        self._changes: dict[str, int] = {}  # per metric name, bumped by every write
+        self._all_changes = 0
         self._count = 0
         self.dropped_out_of_order = 0
         self.dropped_series_limit = 0
@@ -184,7 +186,19 @@ class SeriesStore:
             return False
         series.add(t_ms, value)
         series.trim(t_ms)
+        self._changed(name)
         return True
+
+    def _changed(self, name: str) -> None:
+        self._changes[name] = self._changes.get(name, 0) + 1
+        self._all_changes += 1
+
+    def generation(self, names: frozenset[str] | None) -> int:
+        """A number that changes whenever a series of one of these metric names (None: any) changes."""
+        if names is None:
+            return self._all_changes
+        changes = self._changes
+        return sum(changes.get(name, 0) for name in names)
 
     def backfill(self, labels: Labels, ts: array, vs: array, retention_ms: int | None = None) -> None:
         """Install a whole series at once (sorted timestamps in ms, values); replaces any held samples."""
@@ -195,6 +209,7 @@ class SeriesStore:
         self._forget_selection(name)
         series = family[labels] = Series(labels, retention_ms or self.retention_ms)
         series.load(ts, vs)
+        self._changed(name)
 
     def extend(self, samples: Iterable[tuple[Labels, float]], t_ms: int, retention_ms: int | None = None) -> int:
         """Append many samples at one timestamp; returns how many were kept."""
@@ -204,6 +219,7 @@ class SeriesStore:
         """Trim every series and forget those with no sample left; returns how many were removed."""
         removed = 0
         for name, family in list(self._by_name.items()):
+            self._changed(name)  # samples may have been trimmed
             for labels, series in list(family.items()):
                 series.trim(now_ms)
                 last = series.last_time()

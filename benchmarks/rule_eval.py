@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alert_rules.config import RulesConfig
-from alert_rules.engine import RuleEngine, load_groups
+from alert_rules.engine import RecordingRule, RuleEngine, load_groups
 from alert_rules.promql.ast import Aggregate, Binary, Call, Negate, Node, RangeSelector, Selector
 from alert_rules.promql.evaluate import Evaluator
 from alert_rules.promql.parse import parse_expr
@@ -82,13 +82,15 @@ def selectors(node: Node, out: set[str]) -> None:
 
 
 def selected_families(doc: dict[str, Any]) -> list[tuple[str, MetricSpec]]:
-    """(sample name, catalog spec) of every raw series the rules read, in name order."""
+    """(sample name, catalog spec) of every raw series the rules read (not recorded ones), in name order."""
     names: set[str] = set()
     for group in doc["groups"]:
         for rule in group["rules"]:
             selectors(parse_expr(rule["expr"]), names)
+    names -= {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+    names = {n for n in names if not n.startswith("ALERTS")}
     by_sample = {sample: spec for spec in ALL_SPECS for sample in spec.sample_names()}
-    missing = sorted(n for n in names if n not in by_sample and not n.startswith(("inferwatch:", "ALERTS")))
+    missing = sorted(n for n in names if n not in by_sample)
     if missing:
         raise SystemExit(f"rules select series missing from the catalog: {missing}")
     return sorted((n, by_sample[n]) for n in names if n in by_sample)
@@ -165,13 +167,17 @@ def advance(store: SeriesStore, live: list[tuple[Labels, float, float]], from_ms
 
 
 def digest(engine: RuleEngine, t_ms: int) -> str:
-    """A hash of every rule expression's result at ``t_ms`` (labels and float bits), to compare revisions."""
-    evaluator = Evaluator(engine.store)
+    """A hash of what the engine wrote (recorded and ALERTS series) and of every rule's result at
+    ``t_ms`` from a plain evaluator, to compare revisions (float reprs are exact)."""
     h = hashlib.sha256()
+    recorded = {r.record for g in engine.groups for r in g.rules if isinstance(r, RecordingRule)}
+    for name in sorted(recorded | {"ALERTS", "ALERTS_FOR_STATE"}):
+        for series in engine.store.series(name, []):
+            h.update(repr((series.labels, list(series.ts[-50:]), list(series.vs[-50:]))).encode())
+    evaluator = Evaluator(engine.store)
     for group in engine.groups:
         for rule in group.rules:
-            result = evaluator.query(rule.expr, t_ms)
-            h.update(repr(result).encode())
+            h.update(repr(evaluator.query(rule.expr, t_ms)).encode())
     return h.hexdigest()[:16]
 
 

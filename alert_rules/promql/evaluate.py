@@ -9,7 +9,7 @@ wherever Prometheus' own order is deterministic.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from alert_rules.promql import functions as fn
@@ -26,6 +26,7 @@ from alert_rules.promql.ast import (
 )
 from alert_rules.promql.errors import EvaluationError
 from alert_rules.promql.parse import COMPARISONS, parse_expr
+from alert_rules.promql.shared import Reads
 from alert_rules.promql.values import NAME, Labels, Vector, drop_name, get, keep_only, without
 
 DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
@@ -51,6 +52,10 @@ class Queryable(Protocol):
                   counter: bool) -> list[tuple[Labels, int, int, int, float, float]]:
         """Per matching series with two samples or more in ``[mint, maxt]``: (labels without the
         name, count, first time, last time, first value, last - first with resets added back)."""
+        ...
+
+    def generation(self, names: frozenset[str] | None) -> int:
+        """A number that changes whenever a series of one of these metric names (None: any) changes."""
         ...
 
 
@@ -156,9 +161,14 @@ _SIMPLE: dict[str, Callable[[float], float]] = {
 class Evaluator:
     """Evaluates expressions at one instant over a :class:`Queryable`."""
 
-    def __init__(self, store: Queryable, lookback_ms: int = DEFAULT_LOOKBACK_MS) -> None:
+    def __init__(self, store: Queryable, lookback_ms: int = DEFAULT_LOOKBACK_MS,
+                 shared: Mapping[int, Reads] | None = None) -> None:
+        """``shared``: ``id(subtree) -> names it reads`` (from :func:`alert_rules.promql.shared.share`)
+        for subtrees whose result is reused while the time and the series they read are unchanged."""
         self.store = store
         self.lookback_ms = lookback_ms
+        self.shared: Mapping[int, Reads] = shared or {}
+        self._reused: dict[int, tuple[tuple[int, int], Result]] = {}
         self._group_keys: dict[tuple[bool, frozenset[str]], dict[Labels, Labels]] = {}
 
     def query(self, expr: str | Node, t_ms: int) -> Result:
@@ -169,7 +179,23 @@ class Evaluator:
         return self.eval(node, t_ms)
 
     def eval(self, node: Node, t: int) -> Result:
-        """Evaluate one node."""
+        """Evaluate one node (results of shared subtrees are shared too: never modify a result)."""
+        if self.shared and id(node) in self.shared:
+            return self.reuse(node, t)
+        return self.compute(node, t)
+
+    def reuse(self, node: Node, t: int) -> Result:
+        """A shared subtree's result, computed again only when the time or the series it reads changed."""
+        stamp = (t, self.store.generation(self.shared[id(node)]))
+        held = self._reused.get(id(node))
+        if held is not None and held[0] == stamp:
+            return held[1]
+        result = self.compute(node, t)
+        self._reused[id(node)] = (stamp, result)
+        return result
+
+    def compute(self, node: Node, t: int) -> Result:
+        """Evaluate one node's operation."""
         if isinstance(node, Number):
             return node.value
         if isinstance(node, Selector):

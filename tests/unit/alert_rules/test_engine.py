@@ -87,3 +87,19 @@ def test_bad_rules_are_refused() -> None:
         load_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "topk(1, x)"}]}]})
     with pytest.raises(RuleFileError):
         load_groups({"groups": [{"name": "g", "rules": [{"record": "r", "expr": "x", "for": "1m"}]}]})
+
+
+def test_shared_subquery_sees_a_series_recorded_between_its_uses() -> None:
+    """A subquery repeated before and after the rule recording what it reads is evaluated afresh."""
+    doc = {"groups": [{"name": "g", "rules": [
+        {"alert": "Before", "expr": "sum(rec) >= 0"},
+        {"record": "rec", "expr": "sum(x)"},
+        {"alert": "After", "expr": "sum(rec) >= 0"},
+    ]}]}
+    store = SeriesStore()
+    engine = RuleEngine(load_groups(doc), store, default_interval_ms=MIN)
+    store.append(labels_of({"__name__": "x"}), 0, 1.0)
+    seen = {t.alert for t in engine.evaluate_all(0).transitions}
+    assert seen == {"After"}
+    seen = {t.alert for t in engine.evaluate_all(MIN).transitions}
+    assert seen == {"Before"}
