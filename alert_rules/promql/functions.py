@@ -104,10 +104,21 @@ def linear_regression(ts: Sequence[int], vs: Sequence[float], intercept_ms: int)
             constant = False
         n += 1.0
         x = (t - intercept_ms) / 1e3
-        sx, cx = kahan_inc(x, sx, cx)
-        sy, cy = kahan_inc(v, sy, cy)
-        sxy, cxy = kahan_inc(x * v, sxy, cxy)
-        sx2, cx2 = kahan_inc(x * x, sx2, cx2)
+        # kahan_inc() four times, written out: this loop runs once per sample of the window
+        s = sx + x
+        cx += (sx - s) + x if abs(sx) >= abs(x) else (x - s) + sx
+        sx = s
+        s = sy + v
+        cy += (sy - s) + v if abs(sy) >= abs(v) else (v - s) + sy
+        sy = s
+        xv = x * v
+        s = sxy + xv
+        cxy += (sxy - s) + xv if abs(sxy) >= abs(xv) else (xv - s) + sxy
+        sxy = s
+        xx = x * x
+        s = sx2 + xx
+        cx2 += (sx2 - s) + xx if abs(sx2) >= abs(xx) else (xx - s) + sx2
+        sx2 = s
     if constant:
         if math.isinf(init):
             return NAN, NAN
@@ -137,14 +148,18 @@ def avg_over_time(vs: Sequence[float]) -> float:
     """Compensated incremental mean of a window."""
     mean = comp = 0.0
     count = 0.0
+    isinf = math.isinf
     for v in vs:
         count += 1
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
+        if isinf(mean):
+            if isinf(v) and (mean > 0) == (v > 0):
                 continue
-            if not math.isinf(v) and not math.isnan(v):
+            if not isinf(v) and not math.isnan(v):
                 continue
-        mean, comp = kahan_inc(v / count - mean / count, mean, comp)
+        inc = v / count - mean / count
+        s = mean + inc  # kahan_inc() written out
+        comp += (mean - s) + inc if abs(mean) >= abs(inc) else (inc - s) + mean
+        mean = s
     if math.isinf(mean):
         return mean
     return mean + comp
