@@ -40,7 +40,7 @@ test-unit: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
-demo: venv vllm-venv
+demo: setup
 	$(PY) -m serving.demo $(if $(KEEP),--keep,)
 
 clean:
