@@ -10,11 +10,11 @@ from serving.config import add_config_flags, settings_from_args
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `dashboards` command group."""
-    parser = subparsers.add_parser("dashboards", help="Grafana dashboards")
+    parser = subparsers.add_parser("dashboards", help="Grafana dashboards: build the JSON and provisioning files.")
     commands = parser.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
     build = commands.add_parser(
         "build",
-        help="write dashboard JSON and Grafana provisioning files",
+        help="Write dashboard JSON and Grafana provisioning files.",
         description="Write the four dashboards (DIR/dashboards/*.json) and Grafana provisioning files "
         "(DIR/provisioning/dashboards, DIR/provisioning/datasources: Prometheus with exemplar links, "
         "and the trace datasource). Thresholds come from the [rules] section.",

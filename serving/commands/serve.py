@@ -14,7 +14,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add the `serve` command."""
     parser = subparsers.add_parser(
         "serve",
-        help="run the measuring proxy in front of vLLM",
+        help="Run the measuring proxy in front of vLLM.",
         description="Reverse proxy for vLLM's OpenAI API that traces and measures every request, "
         "scrapes vLLM's /metrics, runs the exporters and the embedded rule engine, and writes request logs.",
     )
