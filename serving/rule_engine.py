@@ -106,7 +106,7 @@ class RuleRunner:
             state = json.loads(Path(path).read_text())
             count = self.engine.restore(state, int(time.time() * 1000), int(self.config.state_max_age_s * 1000))
             log.info("rule engine: restored %d alerts from %s", count, path)
-        except (OSError, ValueError, TypeError, KeyError) as err:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:  # e.g. a list, not a mapping
             log.warning("rule engine: cannot restore alert state from %s: %s", path, err)
 
     def _save(self) -> None:

@@ -182,13 +182,23 @@ def test_restart_restores_state_without_a_second_notification_inside_the_resend_
     assert post.calls[1][1][0]["startsAt"] == post.calls[0][1][0]["startsAt"]
 
 
-def test_unreadable_state_file_is_ignored(tmp_path: Path) -> None:
-    """A corrupt state file is logged and skipped; the engine starts with no alerts."""
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"version": 1, "alerts": {"KVFull": [{"x": 1}]}}'],
+                         ids=["not JSON", "a list, not a mapping", "an alert with unknown fields"])
+def test_unreadable_state_file_is_ignored(tmp_path: Path, text: str) -> None:
+    """A corrupt state file is logged and skipped; the engine starts, with no alerts."""
     registry, _ = kv_registry(0.1)
     state = tmp_path / "alerts.json"
-    state.write_text("{not json")
+    state.write_text(text)
     engine = runner(registry, state_file=str(state))
     assert engine.engine.alerts() == []
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (at most 5 s) for a delivery result: the cycle's thread counts it after the POST returns."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def test_context_posts_a_firing_alert_to_alertmanager(
@@ -211,11 +221,13 @@ async def test_context_posts_a_firing_alert_to_alertmanager(
     await running.__anext__()
     try:
         body = await asyncio.wait_for(received.get(), timeout=5)
+        await until(lambda: notifications(registry, "alertmanager", "sent") > 0)
     finally:
         with pytest.raises(StopAsyncIteration):
             await running.__anext__()
     assert [a["labels"]["alertname"] for a in body] == ["KVFull"]
-    assert notifications(registry, "alertmanager", "sent") >= 1.0
+    assert body[0]["annotations"] == {"summary": "KV cache of m at 0.95"}
+    assert notifications(registry, "alertmanager", "sent") == 1.0
 
 
 async def test_context_counts_an_alertmanager_error_response(
@@ -238,10 +250,7 @@ async def test_context_counts_an_alertmanager_error_response(
     await running.__anext__()
     try:
         await asyncio.wait_for(hits.get(), timeout=5)
-        for _ in range(200):  # the failure is counted once the POST has returned to the cycle
-            if notifications(registry, "alertmanager", "failed"):
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: notifications(registry, "alertmanager", "failed") > 0)
     finally:
         with pytest.raises(StopAsyncIteration):
             await running.__anext__()
