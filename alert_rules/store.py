@@ -2,7 +2,10 @@
 
 Timestamps are integer milliseconds (as in Prometheus); values are float64, the stale marker
 included. A series keeps its samples in two ``array`` buffers (16 bytes a sample) and drops
-samples older than its retention as new ones arrive.
+samples older than its retention as new ones arrive. It also notes its counter resets as they
+arrive (rare: a few bytes per reset), so rate() and increase() read a window's first and last
+sample and its resets by bisection instead of copying and scanning it. Every write bumps a
+per-name change counter, which lets the evaluator reuse a result while its inputs are unchanged.
 """
 
 from __future__ import annotations

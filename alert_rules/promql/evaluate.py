@@ -4,6 +4,9 @@ Series order follows Prometheus for instant queries: selectors return series sor
 set, functions keep their input's order, aggregations emit groups in order of first appearance,
 and binary operations follow their left-hand side. Float results therefore match bit for bit
 wherever Prometheus' own order is deterministic.
+
+Given the shared subtrees of a rule set (:func:`alert_rules.promql.shared.share`), an evaluator
+computes each once per evaluation time, again only after a write to a metric it reads.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -45,8 +46,6 @@ def test_fast_path_equals_window_scan(points: list[tuple[int, float]], retention
         t += gap
         samples.append((t, value))
     if backfilled:
-        from array import array
-
         store.backfill(X, array("q", [t for t, _ in samples]), array("d", [v for _, v in samples]))
     else:
         for t, value in samples:
