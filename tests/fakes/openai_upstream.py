@@ -4,7 +4,9 @@ It streams ``max_tokens`` one-word chunks with no delay (or ``token_delay_s`` ea
 ``stream_options.include_usage`` and ``continuous_usage_stats`` the way vLLM does, and shows
 faults on request: model ``fail`` -> 500, ``overloaded`` -> 503, ``oom`` -> 500 with an
 out-of-memory message, ``stall`` -> never answers, ``slow`` -> answers after 0.5 s,
-``break`` -> stream cut after 2 chunks.
+``break`` -> stream cut after 2 chunks. For warm-up and load-test tests it can also delay the
+first answer of its k-th generation request (``first_token_delays_s[k]``) and answer 503 to the
+first ``unhealthy_for`` health checks.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
@@ -26,11 +29,21 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 class FakeOpenAI:
     """The fake upstream; ``requests`` records what it received (headers and bodies)."""
 
-    def __init__(self, token_delay_s: float = 0.0, record: bool = True) -> None:
+    def __init__(
+        self,
+        token_delay_s: float = 0.0,
+        record: bool = True,
+        first_token_delays_s: Sequence[float] = (),
+        unhealthy_for: int = 0,
+    ) -> None:
         self.token_delay_s = token_delay_s
         self.record = record
+        self.first_token_delays_s = tuple(first_token_delays_s)
+        self.unhealthy_for = unhealthy_for
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
+        self.generations = 0
+        self.health_checks = 0
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -43,7 +56,10 @@ class FakeOpenAI:
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
-        """Always ready."""
+        """Ready, except for the first ``unhealthy_for`` checks (503)."""
+        self.health_checks += 1
+        if self.health_checks <= self.unhealthy_for:
+            return web.Response(status=503, text="starting")
         return web.Response(text="")
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -62,6 +78,9 @@ class FakeOpenAI:
             self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
         model = body.get("model", "fake-model")
         n = int(body.get("max_tokens", 16))
+        nth, self.generations = self.generations, self.generations + 1
+        if nth < len(self.first_token_delays_s):
+            await asyncio.sleep(self.first_token_delays_s[nth])
         chat = request.path.endswith("chat/completions")
         if model == "fail":
             return web.json_response({"error": {"message": "internal failure"}}, status=500)
