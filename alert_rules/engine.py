@@ -23,7 +23,7 @@ from alert_rules.promql.ast import Node
 from alert_rules.promql.errors import EvaluationError, UnsupportedExpression
 from alert_rules.promql.evaluate import DEFAULT_LOOKBACK_MS, Evaluator
 from alert_rules.promql.parse import parse_expr
-from alert_rules.promql.shared import Reads, share
+from alert_rules.promql.shared import Shared, share
 from alert_rules.promql.template import TemplateData, TemplateError, check_template, expand
 from alert_rules.promql.values import NAME, STALE_NAN, Labels, labels_of
 from alert_rules.store import SeriesStore
@@ -223,9 +223,9 @@ class RuleEngine:
         self.last_eval_ms: dict[str, int] = {}
         self._previous: dict[tuple[str, int], set[Labels]] = {}
 
-    def _parse_all(self) -> tuple[dict[tuple[str, int], tuple[str, Node]], dict[int, Reads]]:
+    def _parse_all(self) -> tuple[dict[tuple[str, int], tuple[str, Node]], Shared]:
         """(group, rule index) -> (expression, tree), with subtrees repeated across rules made one
-        object, and those subtrees' ids -> the metric names they read (see :mod:`alert_rules.promql.shared`)."""
+        object, and those subtrees (see :mod:`alert_rules.promql.shared`)."""
         keys: list[tuple[str, int]] = []
         texts: list[str] = []
         for group in self.groups:

@@ -12,7 +12,7 @@ computes each once per evaluation time, again only after a write to a metric it 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from alert_rules.promql import functions as fn
@@ -29,7 +29,7 @@ from alert_rules.promql.ast import (
 )
 from alert_rules.promql.errors import EvaluationError
 from alert_rules.promql.parse import COMPARISONS, parse_expr
-from alert_rules.promql.shared import Reads
+from alert_rules.promql.shared import Reads, Shared
 from alert_rules.promql.values import NAME, Labels, Vector, drop_name, get, keep_only, without
 
 DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
@@ -165,12 +165,12 @@ class Evaluator:
     """Evaluates expressions at one instant over a :class:`Queryable`."""
 
     def __init__(self, store: Queryable, lookback_ms: int = DEFAULT_LOOKBACK_MS,
-                 shared: Mapping[int, Reads] | None = None) -> None:
-        """``shared``: ``id(subtree) -> names it reads`` (from :func:`alert_rules.promql.shared.share`)
-        for subtrees whose result is reused while the time and the series they read are unchanged."""
+                 shared: Shared | None = None) -> None:
+        """``shared`` (from :func:`alert_rules.promql.shared.share`): subtrees whose result is reused
+        while the evaluation time and the series they read are unchanged."""
         self.store = store
         self.lookback_ms = lookback_ms
-        self.shared: Mapping[int, Reads] = shared or {}
+        self.shared: Shared = shared or {}
         self._reused: dict[int, tuple[tuple[int, int], Result]] = {}
         self._group_keys: dict[tuple[bool, frozenset[str]], dict[Labels, Labels]] = {}
 
@@ -183,13 +183,15 @@ class Evaluator:
 
     def eval(self, node: Node, t: int) -> Result:
         """Evaluate one node (results of shared subtrees are shared too: never modify a result)."""
-        if self.shared and id(node) in self.shared:
-            return self.reuse(node, t)
+        if self.shared:
+            entry = self.shared.get(id(node))
+            if entry is not None and entry[0] is node:
+                return self.reuse(node, entry[1], t)
         return self.compute(node, t)
 
-    def reuse(self, node: Node, t: int) -> Result:
+    def reuse(self, node: Node, reads: Reads, t: int) -> Result:
         """A shared subtree's result, computed again only when the time or the series it reads changed."""
-        stamp = (t, self.store.generation(self.shared[id(node)]))
+        stamp = (t, self.store.generation(reads))
         held = self._reused.get(id(node))
         if held is not None and held[0] == stamp:
             return held[1]

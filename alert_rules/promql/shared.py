@@ -21,24 +21,26 @@ AnyName = None
 Reads = frozenset[str] | None
 """The metric names a subtree reads; None when it may read any."""
 
+Shared = dict[int, tuple[Node, Reads]]
+"""``id(subtree) -> (subtree, names it reads)``; holding the subtree keeps its id from being reused."""
 
-def share(trees: Sequence[Node]) -> tuple[list[Node], dict[int, Reads]]:
-    """The trees with equal subtrees as one object, and ``id(subtree) -> names it reads`` for repeated ones.
+
+def share(trees: Sequence[Node]) -> tuple[list[Node], Shared]:
+    """The trees with equal subtrees as one object, and the subtrees occurring more than once.
 
     Only subtrees that read series are listed (a number is cheaper to recompute than to look up).
-    The ids stay valid while the returned trees are alive.
     """
     canonical: dict[Node, Node] = {}
     uses: Counter[int] = Counter()
     out = [_intern(tree, canonical, uses) for tree in trees]
     by_id = {id(node): node for node in canonical.values()}
-    shared: dict[int, Reads] = {}
+    shared: Shared = {}
     for node_id, count in uses.items():
         node = by_id[node_id]
         if count > 1 and not isinstance(node, Number | RangeSelector):
             names = reads(node)
             if names is None or names:
-                shared[node_id] = names
+                shared[node_id] = (node, names)
     return out, shared
 
 

@@ -43,7 +43,7 @@ def test_equal_subtrees_become_one_object() -> None:
     assert isinstance(first, Binary)
     assert isinstance(second, Binary)
     assert first.lhs is second.lhs
-    assert shared[id(first.lhs)] == frozenset({"x"})
+    assert shared[id(first.lhs)] == (first.lhs, frozenset({"x"}))
     assert id(first.rhs) not in shared
     assert id(trees[2]) not in shared
 
