@@ -526,7 +526,7 @@ def format_progress(progress: Progress) -> str:
     if progress.total is not None:
         where = f"{progress.done}/{progress.total} done"
     else:
-        where = f"{progress.elapsed_s:.0f}/{progress.duration_s:g} s, {progress.done} done"
+        where = f"{progress.elapsed_s:.1f}/{progress.duration_s:g} s, {progress.done} done"
     return (f"loadtest: {where}, {progress.current_rps:.1f} req/s now, {progress.in_flight} in flight, "
             f"{progress.errors} errors")
 

