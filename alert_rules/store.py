@@ -52,18 +52,12 @@ class Series:
         """Timestamp of the newest sample."""
         return self.ts[-1] if self.ts else None
 
-    def add(self, t_ms: int, value: float) -> None:
-        """Append one sample (newer than the last), noting a counter reset."""
-        vs = self.vs
-        if vs and value < vs[-1]:
-            if self.reset_ts is None:
-                self.reset_ts, self.reset_prev = array("q"), array("d")
-            self.reset_ts.append(t_ms)
-            self.reset_prev.append(vs[-1])  # type: ignore[union-attr]
-        self.ts.append(t_ms)
-        vs.append(value)
-        if math.isnan(value):  # the stale marker included
-            self.special += 1
+    def note_reset(self, t_ms: int) -> None:
+        """Record that the sample about to be appended at ``t_ms`` is lower than the last one."""
+        if self.reset_ts is None or self.reset_prev is None:
+            self.reset_ts, self.reset_prev = array("q"), array("d")
+        self.reset_ts.append(t_ms)
+        self.reset_prev.append(self.vs[-1])
 
     def load(self, ts: array, vs: array) -> None:
         """Replace every sample (sorted timestamps) and find the resets among them."""
@@ -184,12 +178,21 @@ class SeriesStore:
         elif retention_ms is not None:
             series.retention_ms = retention_ms
         ts = series.ts
-        if ts and t_ms <= ts[-1]:
-            self.dropped_out_of_order += 1
-            return False
-        series.add(t_ms, value)
-        series.trim(t_ms)
-        self._changed(name)
+        if ts:
+            if t_ms <= ts[-1]:
+                self.dropped_out_of_order += 1
+                return False
+            if value < series.vs[-1]:
+                series.note_reset(t_ms)
+        ts.append(t_ms)
+        series.vs.append(value)
+        if value != value:  # noqa: PLR0124 (NaN, the stale marker included; cheaper than math.isnan here)
+            series.special += 1
+        retention = series.retention_ms
+        if ts[0] < t_ms - retention - int(retention * TRIM_SLACK):  # Series.trim's own test, inlined
+            series.trim(t_ms)
+        self._changes[name] = self._changes.get(name, 0) + 1
+        self._all_changes += 1
         return True
 
     def _changed(self, name: str) -> None:
