@@ -540,6 +540,7 @@ class WarmupSpec:
     max_requests: int = 50
     timeout_s: float = 300.0
     settle_ratio: float = 0.2
+    settle_floor_s: float = 0.02
     window: int = 5
     health_path: str = "/health"
     chat: bool = False
@@ -548,6 +549,10 @@ class WarmupSpec:
     request_timeout_s: float = 60.0
     max_consecutive_failures: int = 3
     health_poll_s: float = 0.5
+
+    def tolerance_s(self, median_s: float) -> float:
+        """How far a TTFT may lie from the window's median and still count as settled."""
+        return max(self.settle_ratio * median_s, self.settle_floor_s)
 
     def validate(self) -> WarmupSpec:
         """Return the spec when its values are in range; raise ConfigError naming the option otherwise."""
@@ -558,6 +563,7 @@ class WarmupSpec:
         _check_range("--max-requests", self.max_requests, self.window, MAX_REQUESTS)
         _check_range("--timeout", self.timeout_s, 0.0, MAX_DURATION_S, open_low=True)
         _check_range("--settle-ratio", self.settle_ratio, 0.0, 1.0, open_low=True)
+        _check_range("--settle-floor-ms", self.settle_floor_s, 0.0, 60.0)
         if not self.health_path.startswith("/"):
             raise ConfigError("--health-path", "must start with /", self.health_path)
         return self
@@ -582,15 +588,26 @@ class WarmupResult:
                 "elapsed_s": self.elapsed_s}
 
 
-def settle_spread(ttfts: Sequence[float], window: int) -> float | None:
-    """The largest distance of the last ``window`` TTFTs from their median, as a share of it (None: too few)."""
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """How much the last few TTFTs vary: their median and the largest distance of one from it."""
+
+    median_s: float
+    deviation_s: float
+
+    @property
+    def ratio(self) -> float:
+        """The deviation as a share of the median."""
+        return self.deviation_s / self.median_s if self.median_s > 0 else math.inf
+
+
+def ttft_spread(ttfts: Sequence[float], window: int) -> Spread | None:
+    """The spread of the last ``window`` TTFTs (None when there are fewer)."""
     if len(ttfts) < window:
         return None
     last = ttfts[-window:]
     median = statistics.median(last)
-    if median <= 0:
-        return None
-    return max(abs(t - median) for t in last) / median
+    return Spread(median, max(abs(t - median) for t in last))
 
 
 async def wait_healthy(
@@ -673,17 +690,17 @@ async def _warm_requests(
         failures_in_row = 0
         result.ttfts_s.append(answer.ttft_s)
         say(f"request {result.requests}: TTFT {answer.ttft_s * 1000:.1f} ms")
-        spread = settle_spread(result.ttfts_s, spec.window)
-        if spread is not None and spread < spec.settle_ratio:
+        spread = ttft_spread(result.ttfts_s, spec.window)
+        if spread is not None and spread.deviation_s < spec.tolerance_s(spread.median_s):
             result.settled = True
-            median = statistics.median(result.ttfts_s[-spec.window:])
-            return (f"TTFT settled after {result.requests} requests: the last {spec.window} are within "
-                    f"{spread:.0%} of their median {median * 1000:.1f} ms (limit {spec.settle_ratio:.0%})")
+            return f"TTFT settled after {result.requests} requests: " + _spread_note(spec, result.ttfts_s)
     return f"{spec.max_requests} requests sent and TTFT has not settled; " + _spread_note(spec, result.ttfts_s)
 
 
 def _spread_note(spec: WarmupSpec, ttfts: Sequence[float]) -> str:
-    spread = settle_spread(ttfts, spec.window)
+    spread = ttft_spread(ttfts, spec.window)
     if spread is None:
         return f"fewer than {spec.window} successful requests to judge TTFT by"
-    return f"the last {spec.window} TTFTs are within {spread:.0%} of their median (limit {spec.settle_ratio:.0%})"
+    return (f"the last {spec.window} TTFTs lie within {spread.deviation_s * 1000:.1f} ms ({spread.ratio:.0%}) of "
+            f"their median {spread.median_s * 1000:.1f} ms (allowed: {spec.settle_ratio:.0%} of it or "
+            f"{spec.settle_floor_s * 1000:g} ms, whichever is larger)")

@@ -24,8 +24,9 @@ Without either, --concurrency 8; without --requests or --duration, --requests 10
 Progress goes to stderr about once a second; the table (or --json) to stdout.
 Exit 1 when any request failed."""
 WARMUP_HELP = """Wait until GET URL+--health-path answers 200, then send small streamed requests one at a
-time until the last --window TTFTs are all within --settle-ratio of their median (the server has
-compiled its kernels and filled its caches) or the budget (--max-requests, --timeout) runs out.
+time until the last --window TTFTs all lie within --settle-ratio of their median, or within
+--settle-floor-ms of it when that is larger (the server has compiled its kernels and filled its
+caches), or the budget (--max-requests, --timeout) runs out.
 Exit 0 when TTFT settled, 1 when not (with the reason). Against the sidecar use --health-path /readyz."""
 
 
@@ -68,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="Seconds in all, health wait included (default 300).")
     warmup.add_argument("--settle-ratio", type=float, default=0.2, metavar="F",
                         help="Settled when the last --window TTFTs are within F of their median (default 0.2).")
+    warmup.add_argument("--settle-floor-ms", type=float, default=20.0, metavar="MS",
+                        help="...or within MS milliseconds, whichever is larger, so that scheduling jitter on a "
+                        "fast server is not mistaken for a cold one (default 20).")
     warmup.add_argument("--window", type=int, default=5, metavar="K", help="TTFTs judged together (default 5).")
     warmup.add_argument("--health-path", default="/health", metavar="PATH",
                         help="Readiness path (default /health, vLLM's; /readyz on the sidecar).")
@@ -162,8 +166,9 @@ def format_report(spec: LoadSpec, report: LoadReport) -> str:
 def warmup_spec(args: argparse.Namespace) -> WarmupSpec:
     """The validated warm-up spec of parsed `warmup` arguments."""
     return WarmupSpec(url=args.url, model=args.model, max_requests=args.max_requests, timeout_s=args.timeout,
-                      settle_ratio=args.settle_ratio, window=args.window, health_path=args.health_path,
-                      chat=args.chat, max_tokens=args.max_tokens).validate()
+                      settle_ratio=args.settle_ratio, settle_floor_s=args.settle_floor_ms / 1000,
+                      window=args.window, health_path=args.health_path, chat=args.chat,
+                      max_tokens=args.max_tokens).validate()
 
 
 def run_warmup(args: argparse.Namespace) -> int:

@@ -27,8 +27,8 @@ from serving.loadgen import (
     paced_slots,
     percentile,
     run_load,
-    settle_spread,
     summarize,
+    ttft_spread,
     warm_up,
 )
 from tests.fakes.openai_upstream import PROMPT_TOKENS, FakeOpenAI
@@ -292,11 +292,32 @@ class TestValidation:
 class TestWarmup:
     """Warm-up waits for health, then for TTFT to settle."""
 
-    def test_settle_spread(self) -> None:
-        """The spread is the largest distance from the median of the last window, relative to it."""
-        assert settle_spread([1.0, 1.0, 1.0], 5) is None
-        assert settle_spread([9.0, 1.0, 1.1, 0.9, 1.0, 1.0], 5) == pytest.approx(0.1)
-        assert settle_spread([1.0, 1.0, 3.0], 3) == pytest.approx(2.0)
+    def test_spread_of_the_last_window(self) -> None:
+        """The spread is the median of the last window and the largest distance of one TTFT from it."""
+        assert ttft_spread([1.0, 1.0, 1.0], 5) is None
+        spread = ttft_spread([9.0, 1.0, 1.1, 0.9, 1.0, 1.0], 5)
+        assert spread is not None
+        assert spread.median_s == 1.0
+        assert spread.deviation_s == pytest.approx(0.1)
+        assert spread.ratio == pytest.approx(0.1)
+
+    def test_tolerance_is_a_ratio_with_a_floor(self) -> None:
+        """Allowed deviation is settle_ratio of the median, or settle_floor_s when that is larger."""
+        spec = WarmupSpec("http://127.0.0.1:8000", "m", settle_ratio=0.2, settle_floor_s=0.02)
+        assert spec.tolerance_s(1.0) == pytest.approx(0.2)
+        assert spec.tolerance_s(0.01) == pytest.approx(0.02)
+
+    async def test_jitter_under_the_floor_counts_as_settled(self, aiohttp_server: Servers) -> None:
+        """TTFTs alternating between 5 and 45 ms settle with a 100 ms floor but not with a 10 ms one."""
+        delays = [0.005, 0.045] * 10
+        url = await _upstream(aiohttp_server, FakeOpenAI(first_token_delays_s=delays))
+        loose = await warm_up(WarmupSpec(url, "m", max_requests=6, timeout_s=30, settle_floor_s=0.1))
+        assert loose.settled, loose.reason
+        assert loose.requests == 5
+        url = await _upstream(aiohttp_server, FakeOpenAI(first_token_delays_s=delays))
+        strict = await warm_up(WarmupSpec(url, "m", max_requests=6, timeout_s=30, settle_floor_s=0.01))
+        assert not strict.settled
+        assert "whichever is larger" in strict.reason
 
     async def test_settles_after_the_cold_requests(self, aiohttp_server: Servers) -> None:
         """Two slow cold requests, then steady ones: health waited for, settled once the slow ones left the window."""
