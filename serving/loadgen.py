@@ -102,7 +102,11 @@ def _check_range(key: str, value: float | None, low: float, high: float, *, open
 def check_url(url: str) -> str:
     """Return ``url`` when it is an http(s) URL with a host; raise ConfigError otherwise."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise ConfigError("--url", "must be an http:// or https:// base URL with a host, e.g. http://127.0.0.1:9100",
                           url)
     return url
@@ -432,7 +436,7 @@ async def run_load(
     tracker = _Tracker(spec, clock)
     limit = spec.concurrency if spec.concurrency is not None else spec.max_in_flight
     connector = aiohttp.TCPConnector(limit=limit)
-    ticker = asyncio.create_task(_tick(tracker, on_progress, progress_every_s, sleep)) if on_progress else None
+    ticker = asyncio.create_task(_tick(tracker, on_progress, progress_every_s)) if on_progress else None
 
     async def one(session: aiohttp.ClientSession, index: int, due_s: float, lag_s: float) -> None:
         tracker.in_flight += 1
@@ -515,9 +519,10 @@ async def _open_loop(spec: LoadSpec, session: aiohttp.ClientSession, one: One, c
             task.cancel()
 
 
-async def _tick(tracker: _Tracker, on_progress: Callable[[Progress], None], every_s: float, sleep: Sleep) -> None:
+async def _tick(tracker: _Tracker, on_progress: Callable[[Progress], None], every_s: float) -> None:
+    """Report progress every ``every_s`` seconds of real time (the injected clock only paces requests)."""
     while True:
-        await sleep(every_s)
+        await asyncio.sleep(every_s)
         on_progress(tracker.reading())
 
 

@@ -273,6 +273,7 @@ class TestValidation:
         pytest.param({"requests": 0}, "--requests", id="zero requests are refused"),
         pytest.param({"duration_s": float("inf")}, "--duration", id="an infinite duration is refused"),
         pytest.param({"url": "ftp://127.0.0.1"}, "--url", id="a non-http URL is refused"),
+        pytest.param({"url": "http://127.0.0.1:port"}, "--url", id="a URL with a bad port is refused"),
         pytest.param({"max_tokens": 0}, "--max-tokens", id="zero max_tokens are refused"),
     ])
     def test_bad_spec(self, overrides: dict[str, Any], key: str) -> None:
