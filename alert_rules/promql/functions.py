@@ -270,4 +270,6 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         start = merged[index - 1][0]
         count -= merged[index - 1][1]
         rank -= merged[index - 1][1]
+    if count == 0:
+        return NAN  # Go's 0/0 in Prometheus' bucketQuantile (q = 0 over an empty first bucket)
     return start + (end - start) * (rank / count)

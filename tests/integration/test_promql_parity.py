@@ -30,12 +30,14 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 STEP_MS = 60_000
 POINTS = 16
 
+# avg is taken per j (at most two series a group): over three series its incremental mean depends on
+# the order series are visited, which is Prometheus' creation order and our label order.
 TEMPLATES = [
     "rate(c[R])", "increase(c[R])", "irate(c[R])", "resets(c[R])", "delta(g[R])", "idelta(g[R])",
     "deriv(g[R])", "predict_linear(g[R], 600)", "avg_over_time(g[R])", "sum_over_time(g[R])",
     "max_over_time(g[R])", "min_over_time(g[R])", "count_over_time(g[R])", "last_over_time(g[R])",
     "quantile_over_time(Q, g[R])", "changes(g[R])", "histogram_quantile(Q, h_bucket)",
-    "histogram_quantile(Q, rate(h_bucket[R]))", "sum by (i) (g)", "avg(g)", "max(rate(c[R]))",
+    "histogram_quantile(Q, rate(h_bucket[R]))", "sum by (i) (g)", "avg by (j) (g)", "max(rate(c[R]))",
     "min by (j) (g)", "count without (i) (g)", "quantile(Q, g)", "group by (j) (g)",
     "g > bool 0", "g < 1", "-g", "g * 2 + 1", "g / g", "g % 3", "g ^ 2", "c / on (i, j) g",
     "g and on (i) (c > 3)", "g or c", "g unless on (i) c", "clamp_max(g, 1)", "clamp_min(g, -1)",
