@@ -94,6 +94,8 @@ class FakeOpenAI:
         if model == "slow":
             await asyncio.sleep(0.5)
         if not body.get("stream"):
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s * n)  # paced like a stream: the whole answer at the end
             text = " ".join(f"w{i}" for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                       if chat else {"index": 0, "text": text, "finish_reason": "length"})
