@@ -75,6 +75,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         return app[SESSION]
 
     proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT],
+                  live_usage=settings.serve.live_token_counts,
                   capture_prompt_hash=settings.logs.capture_prompt_hash)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
     app[READINESS] = readiness

@@ -56,6 +56,11 @@ class ServeConfig:
     length_bucket_edges: list[int] = setting(
         [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing
     )
+    live_token_counts: bool = setting(
+        True, "Track each in-flight request's tokens for the KV fragmentation estimate: ask vLLM for usage on "
+        "every streamed chunk and call its /tokenize for non-streamed prompts (one extra, cheap upstream "
+        "call per non-streamed request).",
+    )
     readiness_path: str = setting("/health", "Upstream path that answers 200 when vLLM is ready.")
     readiness_interval_s: float = setting(
         5.0, "Seconds between readiness probes of the upstream.", check=positive

@@ -42,6 +42,7 @@ class FakeOpenAI:
         self.unhealthy_for = unhealthy_for
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
+        self.tokenize_calls = 0
         self.generations = 0
         self.health_checks = 0
 
@@ -65,6 +66,7 @@ class FakeOpenAI:
     async def tokenize(self, request: web.Request) -> web.Response:
         """Every prompt is PROMPT_TOKENS tokens long."""
         await request.read()
+        self.tokenize_calls += 1
         return web.json_response({"count": PROMPT_TOKENS, "max_model_len": 2048, "tokens": []})
 
     async def models(self, _request: web.Request) -> web.Response:

@@ -233,7 +233,7 @@ async def test_client_disconnect_cancels_the_upstream(
         await runner.cleanup()
 
 
-async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any) -> None:
+async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any, fake: FakeOpenAI) -> None:
     """A non-streamed request sits in the live token table with its /tokenize count until it ends."""
     client, _, app = setup
     pending = asyncio.ensure_future(client.post("/v1/completions", json={"model": "slow", "prompt": "p"}))
@@ -244,6 +244,22 @@ async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any
             break
         await asyncio.sleep(0.02)
     assert seen == [PROMPT_TOKENS]
+    assert fake.tokenize_calls == 1
     response = await pending
     assert response.status == 200
     assert app[INFLIGHT].snapshot() == []
+
+
+async def test_live_token_counts_can_be_turned_off(
+    fake: FakeOpenAI, aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients
+) -> None:
+    """With serve.live_token_counts off, streams ask only for the final usage and nothing is tokenized."""
+    upstream = await aiohttp_server(fake.app())
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"),
+                           live_token_counts=False)
+    client = await aiohttp_client(build_app(settings, CollectorRegistry()))
+    await (await client.post("/v1/completions", json={"model": "m", "prompt": "x", "stream": True})).read()
+    await (await client.post("/v1/completions", json={"model": "m", "prompt": "x"})).read()
+    assert fake.requests[0]["body"]["stream_options"] == {"include_usage": True}
+    assert len(fake.requests) == 2
+    assert fake.tokenize_calls == 0
