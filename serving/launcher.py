@@ -202,6 +202,22 @@ class VllmServer(RunningServer):
         with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
             return str(response.read().decode())
 
+    def busy_requests(self) -> float:
+        """Requests the engine is running or holding in its queue, from its own gauges."""
+        busy = 0.0
+        for line in self.metrics_text().splitlines():
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+                busy += float(line.rsplit(" ", 1)[1])
+        return busy
+
+    def wait_idle(self, deadline_s: float = 120.0) -> None:
+        """Wait until the engine has nothing running or waiting, so one test's load cannot leak into the next."""
+        end = time.monotonic() + deadline_s
+        while self.busy_requests() > 0:
+            if time.monotonic() > end:
+                raise ServerUnavailable(f"vLLM at {self.base_url} still busy after {deadline_s:.0f} s")
+            time.sleep(0.5)
+
 
 def start_vllm(
     model_dir: Path,

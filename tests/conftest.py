@@ -71,6 +71,17 @@ def vllm_tiny_kv_server(
     server.stop()
 
 
+@pytest.fixture
+def idle_tiny_kv_server(vllm_tiny_kv_server: servers.VllmServer) -> Iterator[servers.VllmServer]:
+    """The tiny-KV server, idle when the test starts and drained again when it ends.
+
+    Tests drive it into preemption; a queue left behind would delay the next test's requests.
+    """
+    vllm_tiny_kv_server.wait_idle()
+    yield vllm_tiny_kv_server
+    vllm_tiny_kv_server.wait_idle()
+
+
 @pytest.fixture(scope="session")
 def sidecar(
     vllm_server: servers.VllmServer, otlp_receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory

@@ -133,7 +133,7 @@ def _by_generator(alerts: list[dict[str, Any]], prometheus: bool) -> dict[str, d
 
 
 def test_preemption_storm_and_errors_page_through_both_evaluators(
-    vllm_tiny_kv_server: servers.VllmServer,
+    idle_tiny_kv_server: servers.VllmServer,
     prometheus_factory: Callable[[str], servers.PrometheusServer],
     alertmanager_factory: Callable[[str], servers.AlertmanagerServer],
     webhook: Webhook,
@@ -162,11 +162,11 @@ def test_preemption_storm_and_errors_page_through_both_evaluators(
         + f'[rule_engine]\nalertmanager_url = "{alertmanager.base_url}"\n'
     )
     sidecar = servers.start_sidecar(
-        vllm_tiny_kv_server.base_url, tmp_path,
+        idle_tiny_kv_server.base_url, tmp_path,
         ["--config", str(config), "--scrape-interval-s", "1", "--serve-read-timeout-s", "0.3"],
     )
     try:
-        vllm_target = vllm_tiny_kv_server.base_url.split("//", 1)[1]
+        vllm_target = idle_tiny_kv_server.base_url.split("//", 1)[1]
         sidecar_target = sidecar.base_url.split("//", 1)[1]
         am_target = alertmanager.base_url.split("//", 1)[1]
         prometheus = prometheus_factory(
@@ -181,8 +181,8 @@ def test_preemption_storm_and_errors_page_through_both_evaluators(
         assert prometheus.base_url
 
         stop = threading.Event()
-        model = vllm_tiny_kv_server.model_name
-        threads = _drive(vllm_tiny_kv_server.base_url, model, 8, stop, 512)  # 8 x ~20 blocks > 65 KV blocks
+        model = idle_tiny_kv_server.model_name
+        threads = _drive(idle_tiny_kv_server.base_url, model, 8, stop, 512)  # 8 x ~20 blocks > 65 KV blocks
         threads += _drive(sidecar.base_url, model, 2, stop, 64)  # times out: errors through the sidecar
         try:
             wanted = {"InferwatchPreemptionStorm", "InferwatchCircuitBreakerRollback",

@@ -59,9 +59,9 @@ async def _stream(
     return usage
 
 
-async def test_preemption_counter_rises_and_equals_vllm(vllm_tiny_kv_server: servers.VllmServer) -> None:
+async def test_preemption_counter_rises_and_equals_vllm(idle_tiny_kv_server: servers.VllmServer) -> None:
     """16 long requests on 65 blocks force preemptions; the sidecar's counter rises and equals vLLM's."""
-    server = vllm_tiny_kv_server
+    server = idle_tiny_kv_server
     watch, registry = _watch(server)
     await watch.scrape_once()
     before = _value(generate_latest(registry).decode(), ce.ENGINE_PREEMPTIONS.series, model_name=server.model_name)
@@ -87,23 +87,23 @@ async def test_preemption_counter_rises_and_equals_vllm(vllm_tiny_kv_server: ser
     assert peak_usage > 0.5
 
 
-async def test_total_blocks_equal_the_override_and_capacity_follows(vllm_tiny_kv_server: servers.VllmServer) -> None:
+async def test_total_blocks_equal_the_override_and_capacity_follows(idle_tiny_kv_server: servers.VllmServer) -> None:
     """The sidecar reads 65 blocks of 32 tokens, 2080 tokens of capacity, from vllm:cache_config_info."""
-    watch, registry = _watch(vllm_tiny_kv_server)
+    watch, registry = _watch(idle_tiny_kv_server)
     await watch.scrape_once()
     await watch.stop()
     assert watch.state.up, watch.state.failures
     text = generate_latest(registry).decode()
-    model = vllm_tiny_kv_server.model_name
+    model = idle_tiny_kv_server.model_name
     assert _value(text, ce.KV_BLOCKS_TOTAL.name, model_name=model) == 65
     assert _value(text, ce.KV_BLOCK_SIZE.name, model_name=model) == 32
     assert _value(text, ce.KV_CAPACITY_TOKENS.name, model_name=model) == 65 * 32
     assert watch.latest_snapshot.generation == "v1_engine"
 
 
-async def test_fragmentation_equals_a_hand_computation(vllm_tiny_kv_server: servers.VllmServer) -> None:
+async def test_fragmentation_equals_a_hand_computation(idle_tiny_kv_server: servers.VllmServer) -> None:
     """Live token counts of three real requests give 1 - sum(t) / sum(ceil(t / 32) * 32), within [0, 1]."""
-    server = vllm_tiny_kv_server
+    server = idle_tiny_kv_server
     async with aiohttp.ClientSession() as session:
         usages = await asyncio.gather(*(
             _stream(session, server.base_url, server.model_name, " ".join(["time"] * n), 7) for n in (5, 40, 70)
@@ -125,15 +125,15 @@ async def test_fragmentation_equals_a_hand_computation(vllm_tiny_kv_server: serv
 
 
 def test_sidecar_fragmentation_during_streamed_requests(
-    vllm_tiny_kv_server: servers.VllmServer, tmp_path: Path
+    idle_tiny_kv_server: servers.VllmServer, tmp_path: Path
 ) -> None:
     """Through the real sidecar, mid-stream fragmentation equals 1 - tokens / (blocks x 32) of its live counts."""
     try:
-        sidecar = servers.start_sidecar(vllm_tiny_kv_server.base_url, tmp_path, ["--scrape-interval-s", "0.5"])
+        sidecar = servers.start_sidecar(idle_tiny_kv_server.base_url, tmp_path, ["--scrape-interval-s", "0.5"])
     except servers.ServerUnavailable as err:
         pytest.fail(f"sidecar did not start: {err}")
     try:
-        asyncio.run(_fragmentation_through(sidecar.base_url, vllm_tiny_kv_server))
+        asyncio.run(_fragmentation_through(sidecar.base_url, idle_tiny_kv_server))
     finally:
         sidecar.stop()
 
