@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from log_pipeline.archive import ArchiveWriter
 from log_pipeline.config import LogConfig
+from log_pipeline.ingest import ingest_lines
 from log_pipeline.query import Archive
 from log_pipeline.sampling import Sampler
 from log_pipeline.sink import RecordSink
@@ -153,17 +154,14 @@ def compression(records: list[dict[str, Any]], label: str, runs: int) -> tuple[l
 def ingest(lines: list[bytes]) -> list[str]:
     """Offered records per CPU-second through the ingest loop and through the proxy's offer()."""
     rows = []
-    for name in ("`logs ingest` loop (json.loads + sampling + queue)", "sidecar `offer(event)` from dicts"):
+    for name in ("`logs ingest` loop (`ingest_lines`: decode + sampling + queue)", "sidecar `offer(event)` from dicts"):
         directory = tempfile.mkdtemp(prefix="iw-bench-")
         sink = RecordSink(LogConfig(dir=directory), CollectorRegistry(), on_problem=lambda _m: None)
         sink.start()
         if name.startswith("`logs"):
             cpu0 = time.process_time()
             wall0 = time.perf_counter()
-            for raw in lines:
-                event = json.loads(raw)
-                if isinstance(event, dict):
-                    sink.put(event)
+            ingest_lines(lines, sink)
         else:
             dicts = [json.loads(raw) for raw in lines]
             cpu0 = time.process_time()

@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from log_pipeline.errors import ArchiveError
+from log_pipeline.ingest import ingest_lines
 from log_pipeline.query import Archive, Filter
 from log_pipeline.sink import RecordSink
 from serving.config import add_config_flags, settings_from_args
@@ -89,29 +90,25 @@ def _ingest(args: argparse.Namespace) -> int:
     config = settings_from_args(args, {"dir": "logs.dir"}).logs
     sink = RecordSink(config, CollectorRegistry(), on_problem=_warn)
     sink.start()
-    reasons: dict[str, int] = {}
-    malformed = line_no = 0
     started = time.monotonic()
+    reported = 0
+
+    def malformed_line(number: int, why: str) -> None:
+        nonlocal reported
+        reported += 1
+        if reported <= MAX_REPORTED_LINES:
+            _warn(f"line {number}: {why}; skipped")
+
+    def progress(number: int) -> None:
+        rate = number / max(time.monotonic() - started, 1e-9)
+        print(f"inferwatch: {number} lines read ({rate:,.0f}/s)", file=sys.stderr)
+
     try:
-        for line_no, raw in enumerate(iter(sys.stdin.buffer.readline, b""), start=1):
-            try:
-                event = json.loads(raw)
-            except ValueError as err:
-                event = err
-            if not isinstance(event, dict):
-                if raw.strip():
-                    malformed += 1
-                    if malformed <= MAX_REPORTED_LINES:
-                        why = "not a JSON object" if not isinstance(event, ValueError) else f"not JSON ({event})"
-                        _warn(f"line {line_no}: {why}; skipped")
-                continue
-            decision = sink.put(event)
-            reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
-            if line_no % PROGRESS_EVERY == 0:
-                rate = line_no / max(time.monotonic() - started, 1e-9)
-                print(f"inferwatch: {line_no} lines read ({rate:,.0f}/s)", file=sys.stderr)
+        result = ingest_lines(iter(sys.stdin.buffer.readline, b""), sink, on_malformed=malformed_line,
+                              on_progress=progress, progress_every=PROGRESS_EVERY)
     finally:
         finished = sink.close(timeout_s=600.0)
+    reasons, malformed, line_no = result.reasons, result.malformed, result.lines
     if malformed > MAX_REPORTED_LINES:
         _warn(f"{malformed - MAX_REPORTED_LINES} more malformed lines not shown")
     kept = {k: v for k, v in reasons.items() if k != "dropped_sampling"}
