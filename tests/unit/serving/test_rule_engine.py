@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +201,21 @@ async def until(condition: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _engine_posting_to(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], alerts: Callable[[web.Request], Awaitable[web.Response]]
+) -> tuple[CollectorRegistry, AsyncIterator[None]]:
+    """Start the engine's cleanup context (an always-firing rule) posting to an Alertmanager stand-in."""
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", alerts)
+    server = await aiohttp_server(app)
+    registry, _ = kv_registry(0.95)
+    config = EngineConfig(alertmanager_url=str(server.make_url("")), resend_delay_s=60.0)
+    ctx = rule_engine_ctx(config, lambda: rules(for_="0s"), registry, interval_s=0.02)
+    running = ctx(web.Application())
+    await running.__anext__()
+    return registry, running
+
+
 async def test_context_posts_a_firing_alert_to_alertmanager(
     aiohttp_server: Callable[..., Awaitable[TestServer]],
 ) -> None:
@@ -211,14 +226,7 @@ async def test_context_posts_a_firing_alert_to_alertmanager(
         await received.put(await request.json())
         return web.json_response({})
 
-    app = web.Application()
-    app.router.add_post("/api/v2/alerts", alerts)
-    server = await aiohttp_server(app)
-    registry, _ = kv_registry(0.95)
-    config = EngineConfig(alertmanager_url=str(server.make_url("")), resend_delay_s=60.0)
-    ctx = rule_engine_ctx(config, lambda: rules(for_="0s"), registry, interval_s=0.02)
-    running = ctx(web.Application())
-    await running.__anext__()
+    registry, running = await _engine_posting_to(aiohttp_server, alerts)
     try:
         body = await asyncio.wait_for(received.get(), timeout=5)
         await until(lambda: notifications(registry, "alertmanager", "sent") > 0)
@@ -240,14 +248,7 @@ async def test_context_counts_an_alertmanager_error_response(
         await hits.put(1)
         return web.Response(status=500, text="boom")
 
-    app = web.Application()
-    app.router.add_post("/api/v2/alerts", alerts)
-    server = await aiohttp_server(app)
-    registry, _ = kv_registry(0.95)
-    config = EngineConfig(alertmanager_url=str(server.make_url("")), resend_delay_s=60.0)
-    ctx = rule_engine_ctx(config, lambda: rules(for_="0s"), registry, interval_s=0.02)
-    running = ctx(web.Application())
-    await running.__anext__()
+    registry, running = await _engine_posting_to(aiohttp_server, alerts)
     try:
         await asyncio.wait_for(hits.get(), timeout=5)
         await until(lambda: notifications(registry, "alertmanager", "failed") > 0)
