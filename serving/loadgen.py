@@ -203,8 +203,7 @@ async def _read_stream(response: aiohttp.ClientResponse, result: RequestResult, 
         reader.feed(data, time.perf_counter_ns())
     reader.flush()
     stats = reader.stats
-    if stats.first_content_ns is not None:
-        result.ttft_s = (stats.first_content_ns - start_ns) / 1e9
+    result.ttft_s = stats.ttft_s(start_ns)
     result.itl_s = stats.gaps_s
     result.prompt_tokens = stats.prompt_tokens
     result.completion_tokens = stats.completion_tokens

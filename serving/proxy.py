@@ -306,8 +306,7 @@ class Proxy:
 
     def _stream_stats(self, reader: SseReader, record: RequestRecord, start_ns: int) -> None:
         stats = reader.stats
-        if stats.first_content_ns is not None:
-            record.ttft_s = (stats.first_content_ns - start_ns) / 1e9
+        record.ttft_s = stats.ttft_s(start_ns)
         record.inter_token_s = stats.gaps_s
         record.prompt_tokens = stats.prompt_tokens
         record.completion_tokens = stats.completion_tokens

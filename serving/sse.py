@@ -33,6 +33,10 @@ class StreamStats:
     undecodable_events: int = 0
     done: bool = False
 
+    def ttft_s(self, start_ns: int) -> float | None:
+        """Seconds from ``start_ns`` to the first content chunk, or None when none came."""
+        return None if self.first_content_ns is None else (self.first_content_ns - start_ns) / 1e9
+
 
 class SseReader:
     """Splits a byte stream into SSE events, measures them and decides what to forward."""
