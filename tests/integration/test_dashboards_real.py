@@ -32,6 +32,7 @@ from alert_rules.config import RulesConfig
 from dashboards.build import dashboards
 from dashboards.config import DashboardConfig
 from exporters.configuring import from_mapping
+from tests.conftest import require
 from tests.harness import servers
 
 pytestmark = pytest.mark.real_server
@@ -133,7 +134,9 @@ def fake_nvml_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterat
         "--upstream-process-pid", str(vllm_server.pid), "--rules-evaluation-interval-s", "1",
         "--logs-dir", str(tmp_path / "logs"), "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "0.5",
     ]
-    sidecar = servers.start_sidecar(vllm_server.base_url, tmp_path, args, module="tests.harness.sidecar_fake_nvml")
+    sidecar = require(
+        lambda: servers.start_sidecar(vllm_server.base_url, tmp_path, args, module="tests.harness.sidecar_fake_nvml")
+    )
     yield sidecar
     sidecar.stop()
 
@@ -158,10 +161,7 @@ scrape_configs:
   - {{job_name: {config.vllm_job}, static_configs: [{{targets: ["{host(vllm_server.base_url)}"]}}]}}
   - {{job_name: {config.prometheus_job}, static_configs: [{{targets: ["127.0.0.1:{port}"]}}]}}
 """
-    try:
-        server = servers.start_prometheus(prometheus_yml, tmp_path / "prometheus", port=port)
-    except servers.ServerUnavailable as err:
-        pytest.skip(f"real server unavailable: {err}")
+    server = require(lambda: servers.start_prometheus(prometheus_yml, tmp_path / "prometheus", port=port))
     yield server
     server.stop()
 
