@@ -39,6 +39,7 @@ class RequestMetrics:
         self.upstream_ready = Gauge(
             cat.UPSTREAM_READY.name, cat.UPSTREAM_READY.help, cat.UPSTREAM_READY.labels, registry=registry
         )
+        self.normalized = _counter(cat.REQUESTS_NORMALIZED, registry)
 
     def precreate(self, model: str, route: str, edges: tuple[int, ...]) -> None:
         """Create the zero-valued request counters of a model and route, so rates exist before any error."""

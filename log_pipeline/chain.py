@@ -1,9 +1,12 @@
-"""structlog processors and configuration: schema version, redaction, and a logger onto the sink.
+"""The sidecar's own diagnostics: structlog processors (schema version, redaction) and their setup.
 
-Processors have structlog's shape ``(logger, method_name, event_dict) -> event_dict``. The
-request chain (:func:`request_logger`) ends in the :class:`~log_pipeline.sink.RecordSink`, which
-samples, counts and archives; :func:`configure_logging` sets up the sidecar's own diagnostic
-logs as JSON lines on stderr. Serving calls each once at startup.
+Processors have structlog's shape ``(logger, method_name, event_dict) -> event_dict``.
+:func:`configure_logging`, called once by ``inferwatch serve``, makes every diagnostic, from
+structlog and from the standard library's ``logging`` (the rule engine, aiohttp, apscheduler)
+alike, one JSON line on stderr carrying the trace id of the request being served (bound by the
+proxy in structlog's context variables) and passed through :func:`redact`. Request records do
+not come this way: they are built field by field and go to the
+:class:`~log_pipeline.sink.RecordSink`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from log_pipeline.records import SCHEMA_VERSION
-from log_pipeline.sink import RecordSink
 
 REDACTED = "[redacted]"
 SECRET_KEYS = frozenset({
@@ -60,34 +62,15 @@ def redact(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> Event
     return event_dict
 
 
-class SinkLogger:
-    """The wrapped logger of the request chain: every method hands the event dict to the sink."""
-
-    def __init__(self, sink: RecordSink) -> None:
-        self._sink = sink
-
-    def msg(self, **event: Any) -> bool:
-        """Offer one event to the sink; False when it was kept but could not be queued."""
-        return self._sink.offer(event)
-
-    info = warning = error = critical = debug = msg
-
-
-REQUEST_PROCESSORS: tuple[Processor, ...] = (redact, add_schema_version)
-
-
-def request_logger(sink: RecordSink) -> Any:
-    """A bound logger whose ``info("request", **fields)`` goes, redacted and versioned, to ``sink``."""
-    return structlog.wrap_logger(
-        SinkLogger(sink), processors=list(REQUEST_PROCESSORS), wrapper_class=structlog.BoundLogger,
-    )
-
-
 def configure_logging(
-    level: str = "info", *, stream: TextIO | None = None, extra: Iterable[Processor] = ()
+    level: str = "info", *, stream: TextIO | None = None, extra: Iterable[Processor] = (), cache: bool = True
 ) -> None:
-    """Configure structlog for the sidecar's diagnostics: JSON lines on ``stream`` (stderr)."""
-    processors: list[Processor] = [
+    """Send structlog and standard-library logs as redacted JSON lines to ``stream`` (stderr).
+
+    ``cache`` lets each module-level logger settle its configuration on first use (fast; what
+    ``serve`` wants); tests that configure more than once turn it off.
+    """
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         *extra,
@@ -95,11 +78,21 @@ def configure_logging(
         add_schema_version,
         structlog.processors.format_exc_info,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        structlog.processors.JSONRenderer(sort_keys=False),
     ]
+    numeric_level = logging.getLevelName(level.upper())
+    out = stream or sys.stderr
     structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
-        cache_logger_on_first_use=True,
+        processors=[*shared, structlog.processors.JSONRenderer(sort_keys=False)],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=cache,
     )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), *shared],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.JSONRenderer(sort_keys=False)],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric_level)

@@ -19,11 +19,14 @@ from exporters.request_metrics import RequestMetrics
 from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
 from log_pipeline.sink import RecordSink
+from serving.admin import add_admin_routes, admin_guard, load_admin_token
+from serving.admission import Admission
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy
-from serving.rule_engine import rule_engine_ctx
+from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
+from serving.signing import SignatureVerifier, load_key
 from serving.tracing import Tracing
 
 log = structlog.get_logger(__name__)
@@ -38,11 +41,31 @@ READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
 SINK = web.AppKey("record_sink", RecordSink)
+DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
+"""The circuit breaker's first level: while it fires for a model, low-priority requests may be shed."""
+
+
+def server_options(settings: Settings) -> dict[str, object]:
+    """The aiohttp server settings the sidecar runs with (``serve`` and the tests use the same)."""
+    return {
+        # aiohttp closes a connection that has not delivered a complete request head within the
+        # keep-alive timeout, counted from the connection's start or its previous answer: that
+        # is the slow-header (slowloris) limit.
+        "keepalive_timeout": settings.serve.client_header_timeout_s,
+        "handler_cancellation": True,  # a client that leaves cancels its upstream request
+        "access_log": None,
+    }
 
 
 def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> web.Application:
-    """Build the sidecar application; background work starts when the app starts."""
-    app = web.Application(client_max_size=settings.serve.max_body_bytes)
+    """Build the sidecar application; background work starts when the app starts.
+
+    Raises:
+        ConfigError: the HMAC key or the admin token cannot be read.
+    """
+    hmac_key = load_key(settings.serve.hmac_key_file, settings.serve.hmac_key_env)
+    app = web.Application(client_max_size=settings.serve.max_body_bytes,
+                          middlewares=[admin_guard(load_admin_token(settings.serve.admin_token_file))])
     registry = registry if registry is not None else CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
@@ -74,9 +97,16 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     def session() -> aiohttp.ClientSession:
         return app[SESSION]
 
-    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT],
+    def degraded_models() -> frozenset[str]:
+        runner = app.get(RULE_RUNNER)
+        return runner.firing_label_values(DEGRADE_ALERT, "model_name") if runner is not None else frozenset()
+
+    verifier = SignatureVerifier(hmac_key, settings.serve.hmac_window_s) if hmac_key is not None else None
+    admission = Admission(settings.serve, degraded_models, verifier)
+    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT], admission,
                   live_usage=settings.serve.live_token_counts,
-                  capture_prompt_hash=settings.logs.capture_prompt_hash)
+                  capture_prompt_hash=settings.logs.capture_prompt_hash,
+                  on_normalized=metrics.normalized.inc)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
     app[READINESS] = readiness
     app[PROXY] = proxy
@@ -96,6 +126,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.handle)
+    add_admin_routes(app)
     app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
     return app
 
@@ -136,7 +167,7 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
 
     scheduler = AsyncIOScheduler()
     scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,
-                      id="readiness", max_instances=1, coalesce=True, next_run_time=None)
+                      id="readiness", max_instances=1, coalesce=True)
     scheduler.start()
     await probe()
     yield

@@ -14,7 +14,16 @@ from alert_rules.config import RulesConfig
 from alert_rules.engine_config import EngineConfig
 from dashboards.config import DashboardConfig
 from exporters.config import GpuConfig, ProcessConfig, ScrapeConfig
-from exporters.configuring import FieldDoc, field_docs, from_mapping, increasing, positive, setting
+from exporters.configuring import (
+    FieldDoc,
+    field_docs,
+    from_mapping,
+    increasing,
+    non_negative,
+    one_of,
+    positive,
+    setting,
+)
 from exporters.errors import ConfigError
 from log_pipeline.config import LogConfig
 
@@ -30,6 +39,12 @@ def _host_port(value: Any) -> str | None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return "must be HOST:PORT, e.g. 127.0.0.1:9100"
+    return None
+
+
+def _header_name(value: Any) -> str | None:
+    if not value or not all(c.isalnum() or c in "-_" for c in value):
+        return "must be an HTTP header name of letters, digits, '-' and '_', e.g. x-priority"
     return None
 
 
@@ -50,8 +65,63 @@ class ServeConfig:
         300.0, "Seconds the upstream may stay silent (before the status line or between chunks).",
         check=positive,
     )
+    request_timeout_s: float = setting(
+        0.0, "Longest a proxied request may take in all, in seconds, however steadily the upstream answers "
+        "(a slow drip that never ends); 0 = no limit.", check=non_negative,
+    )
+    client_header_timeout_s: float = setting(
+        30.0, "Seconds a client connection may stay idle or take to send a request's headers before the "
+        "sidecar closes it (slow-header protection; also the keep-alive idle limit).", check=positive,
+    )
+    client_body_timeout_s: float = setting(
+        60.0, "Seconds a client may take to send a request body; past it the answer is 408.", check=positive,
+    )
     max_body_bytes: int = setting(
-        32 * 1024 * 1024, "Largest request body accepted from a client, in bytes.", check=positive
+        32 * 1024 * 1024, "Largest request body accepted from a client, in bytes (larger: 413).", check=positive
+    )
+    max_json_depth: int = setting(
+        64, "Deepest nesting of arrays and objects accepted in a JSON request body (deeper: 400).",
+        check=positive,
+    )
+    max_event_bytes: int = setting(
+        4 * 1024 * 1024, "Largest single SSE event accepted from the upstream, in bytes; a larger one ends "
+        "the stream with an error event.", check=positive,
+    )
+    max_inflight: int = setting(
+        1024, "Requests proxied at once; past it new requests get 503 with Retry-After (outcome overloaded).",
+        check=positive,
+    )
+    shed_on_degrade: bool = setting(
+        False, "Load shedding: while the embedded engine's InferwatchCircuitBreakerDegrade alert fires for a "
+        "model, answer 503 with Retry-After to its requests whose priority is below shed_below_priority.",
+    )
+    priority_header: str = setting(
+        "x-priority", "Request header carrying a client's integer priority (missing or not an integer = 0).",
+        check=_header_name,
+    )
+    shed_below_priority: int = setting(
+        1, "Requests with a priority below this are shed while their model is degraded.",
+    )
+    retry_after_s: int = setting(
+        1, "Retry-After, in seconds, on the sidecar's own 503 answers (in-flight limit, shedding).",
+        check=positive,
+    )
+    hmac_key_file: str = setting(
+        "", "File holding the shared key for HMAC-SHA256 request signatures; empty = no verification.",
+    )
+    hmac_key_env: str = setting(
+        "", "Name of an environment variable holding the HMAC key (instead of hmac_key_file).",
+    )
+    hmac_window_s: float = setting(
+        300.0, "Seconds a signed request's timestamp may be off the sidecar's clock (replay window).",
+        check=positive,
+    )
+    normalize_unicode: bool = setting(
+        False, "Normalize prompt and message text to Unicode NFC before it reaches the tokenizer.",
+    )
+    admin_token_file: str = setting(
+        "", "File holding the bearer token of the admin endpoints (/admin/*) for non-loopback clients; "
+        "empty = admin endpoints answer loopback clients only.",
     )
     length_bucket_edges: list[int] = setting(
         [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing
@@ -60,6 +130,10 @@ class ServeConfig:
         True, "Track each in-flight request's tokens for the KV fragmentation estimate: ask vLLM for usage on "
         "every streamed chunk and call its /tokenize for non-streamed prompts (one extra, cheap upstream "
         "call per non-streamed request).",
+    )
+    log_level: str = setting(
+        "info", "Level of the sidecar's own diagnostics (JSON lines on stderr).",
+        check=one_of("debug", "info", "warning", "error"),
     )
     readiness_path: str = setting("/health", "Upstream path that answers 200 when vLLM is ready.")
     readiness_interval_s: float = setting(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,9 +17,13 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from exporters.inflight import InFlightTokens
 from exporters.records import Outcome, RequestRecord, length_bucket
+from serving.admission import Admission, Refusal
+from serving.body_checks import BodyError, decode_json_object
 from serving.config import ServeConfig
+from serving.errors import error_body, sse_error_event, upstream_error_body
 from serving.sse import SseReader
 from serving.tracing import Tracing, span_id_hex, trace_id_hex
+from serving.unicode_nfc import normalize_prompt_text
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +37,11 @@ REQUEST_HEADERS_DROPPED = HOP_BY_HOP | {"host", "content-length", "accept-encodi
 RESPONSE_HEADERS_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
 TRACE_HEADER = "x-trace-id"
 MAX_MODEL_LABELS = 64
+PROMPT_PLACEHOLDER = "[prompt text]"
+_PROBLEMS = {
+    "upstream_malformed_event": "upstream sent an SSE data line that is not JSON",
+    "upstream_event_too_large": "upstream sent an SSE event larger than serve.max_event_bytes",
+}
 
 Observer = Callable[[RequestRecord, Span], None]
 """Called once per request, after it ended and before its span ends (metrics, logs, health)."""
@@ -50,9 +58,41 @@ def classify_status(status: int) -> Outcome:
     return Outcome.UPSTREAM_ERROR
 
 
-def error_body(message: str, kind: str, status: int, **extra: Any) -> bytes:
-    """An OpenAI-style JSON error body."""
-    return json.dumps({"error": {"message": message, "type": kind, "code": status, **extra}}).encode()
+def prompt_strings(payload: dict[str, Any]) -> list[str]:
+    """The prompt's text pieces: ``prompt`` (string or strings) and each message's text content."""
+    found: list[str] = []
+    prompt = payload.get("prompt")
+    for item in prompt if isinstance(prompt, list) else [prompt]:
+        if isinstance(item, str):
+            found.append(item)
+    messages = payload.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else [content]:
+            text = part.get("text") if isinstance(part, dict) else part
+            if isinstance(text, str):
+                found.append(text)
+    return found
+
+
+def without_prompt_text(message: str, payload: dict[str, Any] | None) -> str:
+    """``message`` with any prompt text it quotes (validation errors echo their input) replaced."""
+    if payload is None:
+        return message
+    for text in prompt_strings(payload):
+        if len(text) >= 4 and text in message:
+            message = message.replace(text, PROMPT_PLACEHOLDER)
+    return message
+
+
+async def _end_stream(response: web.StreamResponse, last: bytes) -> None:
+    """Write ``last`` (an error event, or nothing) and the end of the chunked body; a gone client is fine."""
+    try:
+        if last:
+            await response.write(last)
+        await response.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass
 
 
 def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
@@ -90,7 +130,13 @@ class ProxyState:
 
 
 class Proxy:
-    """Forwards ``/v1/*`` to the upstream, streaming included, and measures every request."""
+    """Forwards ``/v1/*`` to the upstream, streaming included, and measures every request.
+
+    Whatever the upstream does, the client gets a well-formed answer within the configured
+    timeouts: the upstream's own answer, a JSON error with ``error.type`` and ``trace_id`` when
+    the failure comes before the status line went out, or a final SSE error event and a clean
+    end of the stream when it comes after.
+    """
 
     def __init__(
         self,
@@ -99,23 +145,30 @@ class Proxy:
         tracing: Tracing,
         observers: list[Observer],
         inflight: InFlightTokens,
+        admission: Admission,
         live_usage: bool = True,
         capture_prompt_hash: bool = False,
+        on_normalized: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._session = session
         self._tracing = tracing
         self._observers = observers
         self._inflight = inflight
+        self._admission = admission
         self._live_usage = live_usage
         self._capture_prompt_hash = capture_prompt_hash
+        self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
         self._edges = tuple(config.length_bucket_edges)
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
         )
+        self._request_timeout_s = config.request_timeout_s or None
         self._state = ProxyState()
         self._tokenize_timeout = aiohttp.ClientTimeout(total=2.0)
+        self.active = 0
+        """Requests being proxied right now (the in-flight limit counts these)."""
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Proxy one request; never raises except on cancellation."""
@@ -129,6 +182,8 @@ class Proxy:
             trace_id=trace_id_hex(span), span_id=span_id_hex(span), route=route,
             upstream=self._upstream, start_unix=time.time(),
         )
+        structlog.contextvars.bind_contextvars(trace_id=record.trace_id)  # the handler's own task: no leak
+        self.active += 1
         try:
             return await self._forward(request, record, span, start_ns)
         except asyncio.CancelledError:
@@ -136,6 +191,7 @@ class Proxy:
             record.error_type = "client_disconnected"
             raise
         finally:
+            self.active -= 1
             record.e2e_s = (time.perf_counter_ns() - start_ns) / 1e9
             self._inflight.remove(record.span_id)
             self._finish(record, span)
@@ -143,11 +199,16 @@ class Proxy:
     async def _forward(
         self, request: web.Request, record: RequestRecord, span: Span, start_ns: int
     ) -> web.StreamResponse:
-        trace_headers = {TRACE_HEADER: record.trace_id}
+        trace_headers = {TRACE_HEADER: record.trace_id, "Cache-Control": "no-store"}
+        admission = self._admission
         try:
-            outgoing = self._prepare(request.method, record, await request.read())
-        except ValueError as err:
-            return self._refuse(record, 400, f"malformed JSON body: {err}", "invalid_request_error", trace_headers)
+            admission.check_capacity(self.active)
+            body = await admission.read_body(request)
+            admission.check_signature(request, body)
+            outgoing = self._prepare(request.method, record, body)
+            admission.check_shedding(outgoing.model, request.headers)
+        except Refusal as refusal:
+            return self._refuse(record, refusal, trace_headers)
         tokenizing = None
         if outgoing.payload is not None and not outgoing.stream and self._live_usage and outgoing.model:
             tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
@@ -156,26 +217,34 @@ class Proxy:
         finally:
             if tokenizing is not None and not tokenizing.done():
                 tokenizing.cancel()
+            if record.error_message:
+                record.error_message = without_prompt_text(record.error_message, outgoing.payload)
 
     def _prepare(self, method: str, record: RequestRecord, body: bytes) -> Outgoing:
         """Read a generation request's JSON and ask the upstream for the usage data we measure with.
 
         Raises:
-            ValueError: the body of a generation request is not a JSON object.
+            Refusal: the body of a generation request is not a JSON object within the limits (400).
         """
         outgoing = Outgoing(body)
         if method != "POST" or record.route not in GENERATION_ROUTES:
             return outgoing
-        payload = orjson.loads(body)  # orjson.JSONDecodeError is a ValueError
-        if not isinstance(payload, dict):
-            raise ValueError("the body must be a JSON object")
+        try:
+            payload = decode_json_object(body, self._config.max_json_depth)
+        except BodyError as err:
+            raise Refusal(400, Outcome.CLIENT_ERROR, "invalid_request_error", f"malformed JSON body: {err}") from None
         outgoing.payload = payload
         model = payload.get("model")
         outgoing.model = model if isinstance(model, str) else None
         record.model = outgoing.model or "unknown"
         outgoing.stream = record.stream = bool(payload.get("stream"))
+        changed = False
+        if self._config.normalize_unicode and normalize_prompt_text(payload):
+            changed = True
+            if self._on_normalized is not None:
+                self._on_normalized()
         if self._capture_prompt_hash:
-            prompt_hash(payload, record)
+            prompt_hash(payload, record)  # after normalization: one text, one hash
         if outgoing.stream:
             options = payload.get("stream_options")
             options = dict(options) if isinstance(options, dict) else {}
@@ -185,6 +254,8 @@ class Proxy:
             if self._live_usage:
                 options["continuous_usage_stats"] = True
             payload["stream_options"] = options
+            changed = True
+        if changed:
             outgoing.body = orjson.dumps(payload)
         return outgoing
 
@@ -217,36 +288,77 @@ class Proxy:
         headers["Accept-Encoding"] = "identity"
         self._tracing.inject(span, headers)
         url = self._upstream + request.path_qs
+        deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
         try:
-            async with self._session().request(
-                request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
-                allow_redirects=False,
-            ) as upstream:
-                record.accept_s = (time.perf_counter_ns() - start_ns) / 1e9
-                record.http_status = upstream.status
-                record.outcome = classify_status(upstream.status)
-                record.model = self._model_label(outgoing.model, upstream.status)
-                response_headers = {
-                    k: v for k, v in upstream.headers.items() if k.lower() not in RESPONSE_HEADERS_DROPPED
-                }
-                response_headers.update(trace_headers)
-                is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-                if outgoing.stream and is_sse:
-                    return await self._stream(
-                        request, upstream, response_headers, record, start_ns,
-                        strip_usage_chunk=not outgoing.client_usage,
-                        strip_usage_field=self._live_usage and not outgoing.client_continuous,
-                    )
-                data = await upstream.read()
-                record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
+            async with asyncio.timeout(self._request_timeout_s):
+                upstream = await self._session().request(
+                    request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
+                    allow_redirects=False,
+                )
+        except Exception as err:  # every way of not getting a status line; see _upstream_failure
+            return self._upstream_failure(record, err, trace_headers, before_status=True)
+        try:
+            record.accept_s = (time.perf_counter_ns() - start_ns) / 1e9
+            record.http_status = upstream.status
+            record.outcome = classify_status(upstream.status)
+            record.model = self._model_label(outgoing.model, upstream.status)
+            response_headers = {
+                k: v for k, v in upstream.headers.items() if k.lower() not in RESPONSE_HEADERS_DROPPED
+            }
+            if "Cache-Control" not in upstream.headers:
+                response_headers["Cache-Control"] = "no-store"  # never a cached answer from another model
+            response_headers[TRACE_HEADER] = record.trace_id
+            is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            if is_sse and upstream.status < 400:
+                return await self._stream(
+                    request, upstream, response_headers, record, start_ns, deadline_ns,
+                    expect_done=outgoing.stream,
+                    strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
+                    strip_usage_field=outgoing.stream and self._live_usage and not outgoing.client_continuous,
+                )
+            try:
+                remaining = None if deadline_ns is None else max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+                async with asyncio.timeout(remaining):
+                    data = await upstream.read()
+            except Exception as err:
+                return self._upstream_failure(record, err, trace_headers, before_status=False)
+            record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
+            if upstream.status >= 400:
+                data, message = upstream_error_body(data, upstream.status, record.trace_id)
+                record.error_type = f"http_{upstream.status}"
+                record.error_message = message[:500] if message is not None else None
+                response_headers["Content-Type"] = "application/json"
+            else:
                 self._read_json_body(data, record)
-                return web.Response(body=data, status=upstream.status, headers=response_headers)
-        except (aiohttp.ServerTimeoutError, TimeoutError) as err:
+            return web.Response(body=data, status=upstream.status, headers=response_headers)
+        finally:
+            upstream.release()
+
+    def _upstream_failure(
+        self, record: RequestRecord, err: BaseException, headers: dict[str, str], *, before_status: bool
+    ) -> web.Response:
+        """The JSON answer when the upstream failed before the client got anything; re-raises what is not ours."""
+        upstream = self._upstream
+        if isinstance(err, aiohttp.ConnectionTimeoutError):
+            return self._fail(record, 504, Outcome.TIMEOUT, "upstream_connect_timeout",
+                              f"upstream {upstream} did not accept a connection within "
+                              f"{self._config.connect_timeout_s:g} s (serve.connect_timeout_s)", err, headers)
+        if isinstance(err, aiohttp.SocketTimeoutError):
             return self._fail(record, 504, Outcome.TIMEOUT, "upstream_timeout",
-                              f"upstream {self._upstream} did not answer within the timeout", err, trace_headers)
-        except aiohttp.ClientError as err:
+                              f"upstream {upstream} stayed silent for {self._config.read_timeout_s:g} s "
+                              "(serve.read_timeout_s)", err, headers)
+        if isinstance(err, TimeoutError):
+            return self._fail(record, 504, Outcome.TIMEOUT, "request_timeout",
+                              f"upstream {upstream} did not finish within {self._config.request_timeout_s:g} s "
+                              "(serve.request_timeout_s)", err, headers)
+        if isinstance(err, aiohttp.ClientConnectorError):
             return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_unreachable",
-                              f"upstream {self._upstream} is unreachable: {err}", err, trace_headers)
+                              f"upstream {upstream} is unreachable: {err}", err, headers)
+        if isinstance(err, aiohttp.ClientError):
+            moment = "before its status line" if before_status else "in the middle of its answer"
+            return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_disconnected",
+                              f"upstream {upstream} broke the connection {moment}: {err!r}", err, headers)
+        raise err
 
     async def _stream(
         self,
@@ -255,7 +367,9 @@ class Proxy:
         headers: dict[str, str],
         record: RequestRecord,
         start_ns: int,
+        deadline_ns: int | None,
         *,
+        expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
     ) -> web.StreamResponse:
@@ -265,44 +379,53 @@ class Proxy:
             inflight.update(key, record.model, (prompt or 0) + (completion or 0))
 
         reader = SseReader(strip_usage_chunk=strip_usage_chunk, strip_usage_field=strip_usage_field,
-                           on_usage=on_usage)
+                           on_usage=on_usage, max_event_bytes=self._config.max_event_bytes,
+                           trace_id=record.trace_id)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
+        failure: tuple[Outcome, str, str] | None = None
         try:
             async for chunk in upstream.content.iter_any():
-                out = reader.feed(chunk, time.perf_counter_ns())
+                now_ns = time.perf_counter_ns()
+                out = reader.feed(chunk, now_ns)
                 if out:
                     await response.write(out)
-            rest = reader.flush()
-            if rest:
-                await response.write(rest)
-            await response.write_eof()
-        except ConnectionResetError as err:
+                if reader.stats.problem is not None:
+                    failure = (Outcome.UPSTREAM_ERROR, reader.stats.problem, _PROBLEMS[reader.stats.problem])
+                    break
+                if deadline_ns is not None and now_ns > deadline_ns:
+                    failure = (Outcome.TIMEOUT, "request_timeout", "the stream did not finish within "
+                               f"{self._config.request_timeout_s:g} s (serve.request_timeout_s)")
+                    break
+            else:
+                if reader.pending:
+                    failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
+                               "upstream ended the stream in the middle of an event")
+                elif expect_done and not reader.stats.done and reader.stats.error is None:
+                    failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
+                               "upstream ended the stream without its final [DONE] event")
+        except ConnectionResetError as err:  # the client went away while we wrote to it
             record.outcome = Outcome.CANCELLED
             record.error_type, record.error_message = "client_disconnected", str(err)
             upstream.close()
-        except (aiohttp.ServerTimeoutError, TimeoutError) as err:
-            record.outcome = Outcome.TIMEOUT
-            record.error_type, record.error_message = "upstream_stalled", str(err) or "read timeout"
-            upstream.close()
-            await self._end_stream_with_error(response, record, "upstream stalled past the read timeout")
+            return response
+        except aiohttp.SocketTimeoutError:
+            failure = (Outcome.TIMEOUT, "upstream_stalled",
+                       f"upstream stayed silent for {self._config.read_timeout_s:g} s in the middle of the "
+                       "stream (serve.read_timeout_s)")
         except aiohttp.ClientError as err:
-            record.outcome = Outcome.UPSTREAM_ERROR
-            record.error_type, record.error_message = "upstream_stream_broken", str(err)
-            upstream.close()
-            await self._end_stream_with_error(response, record, f"upstream stream broke: {err}")
+            failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_broken", f"upstream stream broke: {err!r}")
         finally:
             self._stream_stats(reader, record, start_ns)
+        if failure is not None:
+            upstream.close()
+            record.outcome, record.error_type, record.error_message = failure
+            log.warning(record.error_type, upstream=self._upstream, error=record.error_message)
+            await _end_stream(response, sse_error_event(record.error_message or "", record.error_type or "",
+                                                        record.trace_id))
+        else:
+            await _end_stream(response, b"")
         return response
-
-    @staticmethod
-    async def _end_stream_with_error(response: web.StreamResponse, record: RequestRecord, message: str) -> None:
-        event = {"error": {"message": message, "type": record.error_type, "trace_id": record.trace_id}}
-        try:
-            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            await response.write_eof()
-        except ConnectionResetError:
-            pass
 
     def _stream_stats(self, reader: SseReader, record: RequestRecord, start_ns: int) -> None:
         stats = reader.stats
@@ -333,11 +456,6 @@ class Proxy:
             for choice in choices:
                 if isinstance(choice, dict) and choice.get("finish_reason"):
                     record.finish_reason = str(choice["finish_reason"])
-        if record.outcome is not Outcome.OK:
-            error = obj.get("error")
-            message = error.get("message") if isinstance(error, dict) else obj.get("message", error)
-            record.error_type = f"http_{record.http_status}"
-            record.error_message = str(message)[:500] if message is not None else None
 
     def learn_models(self, names: list[str]) -> None:
         """Remember model names the upstream serves (from /v1/models), so their errors keep their label."""
@@ -357,13 +475,15 @@ class Proxy:
             return requested
         return "other"
 
-    def _refuse(
-        self, record: RequestRecord, status: int, message: str, kind: str, headers: dict[str, str]
-    ) -> web.Response:
-        record.http_status, record.outcome = status, Outcome.CLIENT_ERROR
-        record.error_type, record.error_message = kind, message
-        return web.Response(body=error_body(message, kind, status, trace_id=record.trace_id), status=status,
-                            headers=headers, content_type="application/json")
+    @staticmethod
+    def _refuse(record: RequestRecord, refusal: Refusal, headers: dict[str, str]) -> web.Response:
+        """The sidecar's own answer to a request it does not forward."""
+        record.http_status, record.outcome = refusal.status, refusal.outcome
+        record.error_type, record.error_message = refusal.kind, refusal.message
+        if refusal.retry_after_s is not None:
+            headers = {**headers, "Retry-After": str(refusal.retry_after_s)}
+        body = error_body(refusal.message, refusal.kind, refusal.status, trace_id=record.trace_id)
+        return web.Response(body=body, status=refusal.status, headers=headers, content_type="application/json")
 
     def _fail(
         self, record: RequestRecord, status: int, outcome: Outcome, kind: str, message: str,
@@ -388,6 +508,7 @@ class Proxy:
         if record.completion_tokens is not None:
             span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
         if record.outcome.is_error:
+            span.set_attribute("error.type", record.error_type or record.outcome.value)
             span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))
         for observer in self._observers:
             try:

@@ -35,6 +35,9 @@ from exporters.files import write_atomic
 
 log = logging.getLogger(__name__)
 
+RULE_RUNNER = web.AppKey("rule_runner", "RuleRunner")
+"""Where the running engine is found on the app (absent when the embedded engine is off or failed)."""
+
 
 class _Metrics:
     """The engine's own families, registered on the sidecar's registry."""
@@ -93,6 +96,11 @@ class RuleRunner:
             resend_delay_ms=int(config.resend_delay_s * 1000), external_url=config.external_url,
         )
         self.metrics = _Metrics(metrics_registry)
+        self.firing: Mapping[str, tuple[Mapping[str, str], ...]] = {}
+        self.alert_snapshot: tuple[dict[str, Any], ...] = ()
+        """Every alert held after the last cycle, as JSON (for ``/admin/alerts``); replaced whole, like ``firing``."""
+        """Label sets of the alerts firing after the last cycle, by alert name: a snapshot replaced whole,
+        so the event loop reads it without a lock while the cycle runs in its worker thread."""
         self._seen: dict[str, set[Labels]] = {}
         self._dropped = (0, 0)
         self._last_gc = 0
@@ -166,8 +174,17 @@ class RuleRunner:
             self.metrics.duration.observe(time.perf_counter() - started)
         return sent
 
+    def firing_label_values(self, alertname: str, label: str) -> frozenset[str]:
+        """The values of ``label`` over the firing instances of ``alertname`` (e.g. the degraded models)."""
+        return frozenset(labels[label] for labels in self.firing.get(alertname, ()) if label in labels)
+
     def _export(self) -> None:
         alerts = self.engine.alerts()
+        self.alert_snapshot = tuple(a.to_json() for a in alerts)
+        self.firing = {
+            name: tuple(dict(a.labels) for a in per_rule.values() if a.state == "firing")
+            for name, per_rule in self.engine.active.items()
+        }
         for state in ("pending", "firing"):
             self.metrics.alerts.labels(state).set(sum(1 for a in alerts if a.state == state))
         self.metrics.series.set(len(self.store))
@@ -209,7 +226,7 @@ def rule_engine_ctx(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory running the engine every ``interval_s`` (the rules' interval)."""
 
-    async def ctx(_app: web.Application) -> AsyncIterator[None]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
         if not config.enabled:
             yield
             return
@@ -232,6 +249,7 @@ def rule_engine_ctx(
             await session.close()
             yield
             return
+        app[RULE_RUNNER] = runner
         busy = asyncio.Lock()
 
         async def tick() -> None:

@@ -5,6 +5,10 @@ It finds the first content chunk, the gaps between content chunks, ``usage`` and
 ``finish_reason``, and removes what the sidecar added to the upstream request: the final
 usage-only chunk (``stream_options.include_usage``) and the per-chunk ``usage`` field
 (``continuous_usage_stats``) when the client did not ask for them.
+
+It also judges the stream: a ``data:`` line that is not JSON, or an event larger than
+``max_event_bytes``, sets :attr:`StreamStats.problem`; from then on nothing more is forwarded
+(the proxy ends the stream with its own error event). Error events get the request's trace id.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class StreamStats:
     error: str | None = None
     undecodable_events: int = 0
     done: bool = False
+    problem: str | None = None
+    """Why the stream cannot be forwarded further: ``upstream_malformed_event`` or ``upstream_event_too_large``."""
 
     def ttft_s(self, start_ns: int) -> float | None:
         """Seconds from ``start_ns`` to the first content chunk, or None when none came."""
@@ -47,20 +53,28 @@ class SseReader:
         strip_usage_chunk: bool,
         strip_usage_field: bool,
         on_usage: Callable[[int | None, int | None], None] | None = None,
+        max_event_bytes: int | None = None,
+        trace_id: str | None = None,
     ) -> None:
         self.stats = StreamStats()
         self._buffer = b""
         self._strip_usage_chunk = strip_usage_chunk
         self._strip_usage_field = strip_usage_field
         self._on_usage = on_usage
+        self._max_event_bytes = max_event_bytes
+        self._trace_id = trace_id
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a network chunk that arrived at ``now_ns``; return the complete events to forward."""
+        if self.stats.problem is not None:
+            return b""
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
             return self._feed_general(buffer, now_ns)
         events = buffer.split(b"\n\n")
         self._buffer = events.pop()
+        if self._max_event_bytes is not None and len(buffer) > self._max_event_bytes:
+            self._check_size(events)
         if not events:
             return b""
         changed = False
@@ -72,6 +86,8 @@ class SseReader:
             else:
                 raw = body + b"\n\n"
                 forwarded = self._event(raw, body, now_ns)
+            if self.stats.problem is not None:
+                return b"".join(out)  # forward what came before the bad event, nothing after
             if forwarded is not raw:
                 changed = True
             out.append(forwarded)
@@ -79,10 +95,23 @@ class SseReader:
             return buffer[: len(buffer) - len(self._buffer)]
         return b"".join(out)
 
+    def _check_size(self, complete: list[bytes]) -> None:
+        """Flag an event (complete, or still unterminated in the buffer) larger than ``max_event_bytes``."""
+        limit = self._max_event_bytes or 0
+        if len(self._buffer) > limit or any(len(body) > limit for body in complete):
+            self.stats.problem = "upstream_event_too_large"
+            self._buffer = b""
+            complete.clear()
+
     def flush(self) -> bytes:
         """Return whatever incomplete event is left at the end of the stream, unchanged."""
         rest, self._buffer = self._buffer, b""
         return rest
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unterminated event held back, waiting for its end."""
+        return len(self._buffer)
 
     def _feed_general(self, buffer: bytes, now_ns: int) -> bytes:
         """Slow path for streams that use CRLF line ends."""
@@ -96,8 +125,14 @@ class SseReader:
             if best < 0:
                 break
             raw, buffer = buffer[: best + best_len], buffer[best + best_len :]
-            out.append(self._event(raw, raw[:best], now_ns))
+            forwarded = self._event(raw, raw[:best], now_ns)
+            if self.stats.problem is not None:
+                buffer = b""
+                break
+            out.append(forwarded)
         self._buffer = buffer
+        if self._max_event_bytes is not None:
+            self._check_size([])
         return b"".join(out)
 
     def _event(self, raw: bytes, body: bytes, now_ns: int) -> bytes:
@@ -114,7 +149,8 @@ class SseReader:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
             self.stats.undecodable_events += 1
-            return raw
+            self.stats.problem = "upstream_malformed_event"
+            return b""
         if not isinstance(obj, dict):
             return raw
         return self._chunk(raw, obj, now_ns)
@@ -140,6 +176,9 @@ class SseReader:
         elif "error" in obj:
             error = obj["error"]
             stats.error = str(error.get("message") if isinstance(error, dict) else error)
+            if self._trace_id is not None and isinstance(error, dict):
+                error["trace_id"] = self._trace_id  # rare: worth a re-serialization
+                return b"data: " + orjson.dumps(obj) + b"\n\n"
         if content:
             last = stats.last_content_ns
             if last is None:

@@ -30,7 +30,8 @@ PROCESS_GPU_MEMORY = MetricSpec(
 PROCESS_RESTARTS = MetricSpec(
     "inferwatch_upstream_process_restarts", C,
     "Restarts of the upstream observed by the sidecar, by reason: pid_change (the watched pid was "
-    "replaced by another) or readiness (readiness lost and regained).",
+    "replaced by another) or readiness (readiness lost and regained). Each reason is evidence of its own: one "
+    "restart seen both ways counts once under each, so compare reasons rather than summing them.",
     ("reason",), "restarts",
 )
 PROCESS_OOM_EVENTS = MetricSpec(

@@ -70,9 +70,15 @@ UPSTREAM_READY = MetricSpec(
     "1 when the last readiness probe of the upstream (GET /health) returned 200, else 0.", ("upstream",),
 )
 
+REQUESTS_NORMALIZED = MetricSpec(
+    "inferwatch_requests_normalized", MetricType.COUNTER,
+    "Requests whose prompt or message text changed under Unicode NFC normalization (serve.normalize_unicode).",
+    (),
+)
+
 SPECS: tuple[MetricSpec, ...] = (
     REQUESTS, REQUESTS_IN_FLIGHT, UPSTREAM_ACCEPT_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS,
     INTER_TOKEN_LATENCY_SECONDS, E2E_LATENCY_SECONDS, PROMPT_TOKENS, COMPLETION_TOKENS,
     REQUEST_PROMPT_TOKENS, REQUEST_COMPLETION_TOKENS, FINISH_REASONS, PREFILL_SHARE_RATIO,
-    UPSTREAM_READY,
+    UPSTREAM_READY, REQUESTS_NORMALIZED,
 )

@@ -26,11 +26,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Build the app and serve until SIGINT/SIGTERM."""
+    import uvloop
     from aiohttp import web
 
-    from serving.app import build_app
+    from log_pipeline.chain import configure_logging
+    from serving.app import build_app, server_options
 
     settings = settings_from_args(args, SHORTCUTS)
+    configure_logging(settings.serve.log_level)
     host, _, port = settings.serve.listen.rpartition(":")
     app = build_app(settings)
     print(
@@ -38,8 +41,6 @@ def run(args: argparse.Namespace) -> int:
         f"(metrics at http://{settings.serve.listen}/metrics)",
         file=sys.stderr, flush=True,
     )
-    import uvloop
-
-    web.run_app(app, host=host, port=int(port), print=None, handler_cancellation=True,
-                access_log=None, shutdown_timeout=5, loop=uvloop.new_event_loop())
+    web.run_app(app, host=host, port=int(port), print=None, shutdown_timeout=5, loop=uvloop.new_event_loop(),
+                **server_options(settings))  # type: ignore[arg-type]
     return 0

@@ -1,19 +1,15 @@
-"""Tests of the structlog processors and the request logger."""
+"""Tests of the structlog processors and the diagnostics set-up."""
 
 from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
+import logging
 
 import structlog
-from prometheus_client import CollectorRegistry
 
-from log_pipeline.chain import REDACTED, add_schema_version, configure_logging, redact, request_logger
-from log_pipeline.config import LogConfig
-from log_pipeline.query import Archive
+from log_pipeline.chain import REDACTED, add_schema_version, configure_logging, redact
 from log_pipeline.records import SCHEMA_VERSION
-from log_pipeline.sink import RecordSink
 
 
 class TestProcessors:
@@ -34,16 +30,6 @@ class TestProcessors:
 
 
 class TestLoggers:
-    def test_request_logger_sends_redacted_events_to_the_sink(self, tmp_path: Path) -> None:
-        """An error logged through the request logger is archived without its Authorization value."""
-        sink = RecordSink(LogConfig(dir=str(tmp_path)), CollectorRegistry())
-        sink.start()
-        request_logger(sink).info("request", trace_id="1" * 32, outcome="timeout", authorization="Bearer x")
-        sink.close(5.0)
-        (record,) = Archive(tmp_path).records()
-        assert record == {"event": "request", "trace_id": "1" * 32, "outcome": "timeout",
-                          "authorization": REDACTED, "schema_version": SCHEMA_VERSION}
-
     def test_configure_logging_writes_json_lines_without_secrets(self) -> None:
         """Diagnostics become one JSON object per line with level, timestamp and no secret."""
         stream = io.StringIO()
@@ -57,3 +43,24 @@ class TestLoggers:
         record = json.loads(line)
         assert (record["level"], record["event"], record["authorization"]) == ("warning", "upstream slow", REDACTED)
         assert "timestamp" in record
+
+    def test_standard_library_logs_join_the_same_json_lines_with_the_trace_id(self) -> None:
+        """A stdlib logger's warning (the rule engine's) comes out as redacted JSON with the bound trace id."""
+        stream = io.StringIO()
+        root = logging.getLogger()
+        saved = (root.handlers[:], root.level)
+        configure_logging("info", stream=stream)
+        try:
+            structlog.contextvars.bind_contextvars(trace_id="ab" * 16)
+            logging.getLogger("serving.rule_engine").warning("sending %d alerts failed", 3,
+                                                             extra={"authorization": "Bearer x"})
+            logging.getLogger("serving.rule_engine").debug("hidden")
+        finally:
+            structlog.contextvars.clear_contextvars()
+            structlog.reset_defaults()
+            root.handlers[:], root.level = saved
+        (line,) = stream.getvalue().splitlines()
+        record = json.loads(line)
+        assert record["event"] == "sending 3 alerts failed"
+        assert (record["level"], record["logger"], record["trace_id"]) == ("warning", "serving.rule_engine", "ab" * 16)
+        assert record["authorization"] == REDACTED

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from serving.sse import SseReader
 
 
@@ -65,12 +67,45 @@ def test_per_chunk_usage_is_stripped_and_reported_live() -> None:
     assert json.loads(out[6:])["choices"][0]["delta"]["content"] == "x"
 
 
-def test_crlf_separators_and_non_json_events_pass_through() -> None:
-    """CRLF-separated events and undecodable data are forwarded unchanged and counted."""
+def test_crlf_separators_and_comments_pass_through() -> None:
+    """CRLF-separated events and comment lines are forwarded unchanged."""
     reader = SseReader(strip_usage_chunk=True, strip_usage_field=True)
-    raw = b"data: {not json\r\n\r\n: comment\r\n\r\n"
+    raw = b'data: {"choices": [{"text": "a"}]}\r\n\r\n: comment\r\n\r\n'
     assert reader.feed(raw, 1) == raw
+    assert reader.stats.content_events == 1
+    assert reader.stats.problem is None
+
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"], ids=["LF", "CRLF"])
+def test_a_data_line_that_is_not_json_stops_the_stream(sep: bytes) -> None:
+    """Events before a malformed one are forwarded; it and everything after are not, and the problem is named."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=True)
+    good = b'data: {"choices": [{"text": "a"}]}' + sep
+    assert reader.feed(good + b"data: {not json" + sep + good, 1) == good
     assert reader.stats.undecodable_events == 1
+    assert reader.stats.problem == "upstream_malformed_event"
+    assert reader.feed(good, 2) == b""
+    assert reader.stats.content_events == 1
+
+
+def test_an_event_larger_than_the_limit_stops_the_stream() -> None:
+    """An event (or an unterminated one still growing) beyond max_event_bytes is flagged, not buffered on."""
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False, max_event_bytes=1000)
+    small = b'data: {"choices": [{"text": "a"}]}\n\n'
+    assert reader.feed(small, 1) == small
+    assert reader.feed(b"data: " + b"x" * 600, 2) == b""
+    assert reader.stats.problem is None
+    assert reader.feed(b"y" * 600, 3) == b""
+    assert reader.stats.problem == "upstream_event_too_large"
+    assert reader.pending == 0
+
+
+def test_error_events_carry_the_trace_id() -> None:
+    """An upstream error event is forwarded with the request's trace id added to its error object."""
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False, trace_id="ab" * 16)
+    out = reader.feed(b'data: {"error": {"message": "boom", "type": "InternalServerError"}}\n\n', 1)
+    assert json.loads(out[6:])["error"] == {"message": "boom", "type": "InternalServerError", "trace_id": "ab" * 16}
+    assert reader.stats.error == "boom"
 
 
 def test_error_event_is_recorded() -> None:
