@@ -68,9 +68,9 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> ManagedProcess:
-        """Launch the process in a new session, output to the log file."""
+        """Launch the process in a new session, output appended to the log file (a restart keeps the old log)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
+        log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             list(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env, cwd=self.cwd, start_new_session=True,
@@ -214,6 +214,15 @@ class VllmServer(RunningServer):
             if line.startswith(_BUSY_PREFIXES):
                 busy += float(line.rsplit(" ", 1)[1])
         return busy
+
+    def restart(self, deadline_s: float = 240.0) -> None:
+        """Restart in place: stop what is left of this vLLM, start it again and wait for /health.
+
+        Same port and arguments; the process object then holds the new process, so ``pid`` and
+        teardown follow it.
+        """
+        self.process.stop()
+        launch(self.process, f"{self.base_url}/health", deadline_s)
 
     def wait_idle(self, deadline_s: float = 120.0) -> None:
         """Wait until the engine has nothing running or waiting, so one test's load cannot leak into the next."""

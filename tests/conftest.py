@@ -142,3 +142,17 @@ def alertmanager_factory(tmp_path: Path) -> Iterator[Callable[[str], servers.Ale
 def promtool() -> Path:
     """Path of Debian's promtool."""
     return require(lambda: servers.require_binary(servers.PROMTOOL))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the measurements tests recorded with ``record_property`` under a name starting with "drill"."""
+    lines = [
+        f"{report.nodeid}: {name} = {value}"
+        for reports in terminalreporter.stats.values() for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ()) if str(name).startswith("drill")
+    ]
+    if lines:
+        terminalreporter.write_sep("-", "recovery drill measurements")
+        for line in lines:
+            terminalreporter.write_line(line)
