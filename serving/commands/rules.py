@@ -12,6 +12,9 @@ import yaml
 
 from exporters.errors import ConfigError
 
+FORMATS = ("prometheus", "prometheus-operator")
+"""What ``rules build --format`` writes: the plain files, or those and the operator's objects."""
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `rules` command group."""
@@ -24,6 +27,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                            "and runbooks.")
     add_config_flags(build)
     build.add_argument("--out", required=True, metavar="DIR", help="Output directory.")
+    build.add_argument("--format", choices=FORMATS, default=FORMATS[0],
+                       help="prometheus: the plain files; prometheus-operator: those, and also "
+                       "DIR/prometheus-operator/ with one PrometheusRule per rule file and the routing "
+                       "as an AlertmanagerConfig (default: %(default)s).")
     build.set_defaults(func=_build)
 
     test = sub.add_parser("test", help="Run promtool-format unit-test files against the embedded "
@@ -50,6 +57,10 @@ def _build(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     write_all(settings, Path(args.out))
+    if args.format == "prometheus-operator":
+        from alert_rules import prometheus_operator
+
+        prometheus_operator.write_all(settings, Path(args.out))
     return 0
 
 
