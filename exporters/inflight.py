@@ -1,8 +1,20 @@
-"""Live token counts of the requests in flight, written by the proxy, read by the KV-fragmentation signal."""
+"""Live token counts of the requests in flight, written by the proxy, read by the KV-fragmentation signal.
+
+Two ways to know a request's size while it runs:
+
+- estimated (the default, free for vLLM): the prompt's tokens estimated from its characters
+  with a tokens-per-character ratio calibrated on the ``usage`` that finished requests report
+  (:class:`PromptSizeEstimator`), plus one token per content chunk streamed so far, read from
+  the stream's own counter when the table is read (:meth:`InFlightTokens.track`);
+- exact (``serve.exact_live_token_counts``): vLLM's ``/tokenize`` count and its per-chunk
+  ``usage`` (:meth:`InFlightTokens.update`), at the price of an extra call per non-streamed
+  request and usage serialized on every chunk.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,23 +25,34 @@ class InFlight:
     tokens: int
 
 
-class InFlightTokens:
-    """A table ``request key -> [model, tokens]``; the proxy updates it on every usage chunk.
+class ContentCounter(Protocol):
+    """What a stream's statistics offer: the content chunks seen so far (one token each)."""
 
-    It sits on the streaming hot path, so updates are a dict lookup and an item store, with no
-    lock: each operation is a single atomic step under the GIL, and readers take a copy.
+    content_events: int
+
+
+class InFlightTokens:
+    """A table ``request key -> [model, tokens, stream counter]``.
+
+    It sits on the request path, so writes are a dict lookup and an item store, with no lock:
+    each operation is a single atomic step under the GIL, and readers take a copy. A tracked
+    stream costs nothing per chunk: its counter is read when the table is.
     """
 
     def __init__(self) -> None:
         self._table: dict[str, list[object]] = {}
 
     def update(self, key: str, model: str, tokens: int) -> None:
-        """Set the token count of a request (called on start and on every usage chunk)."""
+        """Set the token count of a request (exact mode: on start and on every usage chunk)."""
         entry = self._table.get(key)
         if entry is None:
-            self._table[key] = [model, tokens]
+            self._table[key] = [model, tokens, None]
         else:
             entry[1] = tokens
+
+    def track(self, key: str, model: str, prompt_tokens: int, stream: ContentCounter | None = None) -> None:
+        """Enter a request with its (estimated) prompt size; a stream adds its content chunks as it goes."""
+        self._table[key] = [model, prompt_tokens, stream]
 
     def remove(self, key: str) -> None:
         """Forget a finished request."""
@@ -37,4 +60,40 @@ class InFlightTokens:
 
     def snapshot(self) -> list[InFlight]:
         """A copy of the current entries."""
-        return [InFlight(str(model), int(tokens)) for model, tokens in list(self._table.values())]  # type: ignore[call-overload]
+        out = []
+        for model, tokens, stream in list(self._table.values()):
+            generated = stream.content_events if stream is not None else 0  # type: ignore[attr-defined]
+            out.append(InFlight(str(model), int(tokens) + int(generated)))  # type: ignore[call-overload]
+        return out
+
+
+class PromptSizeEstimator:
+    """Tokens per prompt character, per model, learned from finished requests' ``usage``.
+
+    Starts at ``initial`` (about four characters a token, English text under a BPE tokenizer)
+    and moves towards each finished request's ratio by ``weight`` (an exponential average), so
+    it follows the model's tokenizer and chat template without asking vLLM. At most
+    ``max_models`` models are kept (the proxy's model labels are bounded the same way).
+    """
+
+    def __init__(self, initial: float = 0.25, weight: float = 0.05, max_models: int = 64) -> None:
+        self._initial = initial
+        self._weight = weight
+        self._max_models = max_models
+        self._ratio: dict[str, float] = {}
+
+    def estimate(self, model: str, chars: int) -> int:
+        """The estimated prompt tokens of ``chars`` characters for ``model``."""
+        return round(chars * self._ratio.get(model, self._initial))
+
+    def learn(self, model: str, chars: int, tokens: int) -> None:
+        """Fold in a finished request's true prompt size."""
+        if chars <= 0 or tokens <= 0:
+            return
+        ratio = tokens / chars
+        current = self._ratio.get(model)
+        if current is None:
+            if len(self._ratio) < self._max_models:
+                self._ratio[model] = ratio
+            return
+        self._ratio[model] = current + self._weight * (ratio - current)

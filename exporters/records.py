@@ -76,6 +76,8 @@ class RequestRecord:
     start_unix: float = 0.0
     prompt_hash: str | None = None
     prompt_chars: int | None = None
+    prompt_tokens_estimate: int | None = None
+    """The proxy's estimate of the prompt's tokens: the length bucket of a stream cut before its usage chunk."""
 
     @property
     def mean_itl_s(self) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from exporters.batch_histogram import BatchHistogram
 from exporters.catalog import request as cat
 from exporters.catalog.spec import MetricSpec
 from exporters.records import RequestRecord, length_bucket_labels
@@ -28,7 +29,7 @@ class RequestMetrics:
         )
         self.accept = _histogram(cat.UPSTREAM_ACCEPT_SECONDS, registry)
         self.ttft = _histogram(cat.TIME_TO_FIRST_TOKEN_SECONDS, registry)
-        self.itl = _histogram(cat.INTER_TOKEN_LATENCY_SECONDS, registry)
+        self.itl = BatchHistogram(cat.INTER_TOKEN_LATENCY_SECONDS, registry)  # one merge per request, not per gap
         self.e2e = _histogram(cat.E2E_LATENCY_SECONDS, registry)
         self.prompt_tokens = _counter(cat.PROMPT_TOKENS, registry)
         self.completion_tokens = _counter(cat.COMPLETION_TOKENS, registry)
@@ -57,10 +58,7 @@ class RequestMetrics:
         if record.ttft_s is not None:
             self.ttft.labels(model, route, bucket).observe(record.ttft_s, exemplar)
         if record.inter_token_s:
-            itl = self.itl.labels(model, route, bucket)
-            for gap in record.inter_token_s[:-1]:
-                itl.observe(gap)
-            itl.observe(record.inter_token_s[-1], exemplar)
+            self.itl.labels(model, route, bucket).observe_many(record.inter_token_s, exemplar)
         if record.e2e_s is not None:
             self.e2e.labels(model, route, record.outcome.value, bucket).observe(record.e2e_s, exemplar)
             if record.stream and record.ttft_s is not None and record.e2e_s > 0:

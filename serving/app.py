@@ -104,7 +104,6 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     verifier = SignatureVerifier(hmac_key, settings.serve.hmac_window_s) if hmac_key is not None else None
     admission = Admission(settings.serve, degraded_models, verifier)
     proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT], admission,
-                  live_usage=settings.serve.live_token_counts,
                   capture_prompt_hash=settings.logs.capture_prompt_hash,
                   on_normalized=metrics.normalized.inc)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)

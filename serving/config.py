@@ -127,9 +127,13 @@ class ServeConfig:
         [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing
     )
     live_token_counts: bool = setting(
-        True, "Track each in-flight request's tokens for the KV fragmentation estimate: ask vLLM for usage on "
-        "every streamed chunk and call its /tokenize for non-streamed prompts (one extra, cheap upstream "
-        "call per non-streamed request).",
+        True, "Track each in-flight request's tokens for the KV fragmentation estimate, at no cost to vLLM: the "
+        "prompt estimated from its characters (a tokens-per-character ratio calibrated on finished requests' "
+        "usage) plus one token per content chunk streamed.",
+    )
+    exact_live_token_counts: bool = setting(
+        False, "Track them exactly instead: ask vLLM for usage on every streamed chunk and call its /tokenize "
+        "for non-streamed prompts (costs vLLM's API server CPU on every request).",
     )
     log_level: str = setting(
         "info", "Level of the sidecar's own diagnostics (JSON lines on stderr).",

@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.trace import Span, Status, StatusCode
 
-from exporters.inflight import InFlightTokens
+from exporters.inflight import InFlightTokens, PromptSizeEstimator
 from exporters.records import Outcome, RequestRecord, length_bucket
 from serving.admission import Admission, Refusal
 from serving.body_checks import BodyError, decode_json_object
@@ -100,14 +100,8 @@ def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
     prompt = payload.get("messages", payload.get("prompt"))
     if prompt is None:
         return
-    if isinstance(prompt, list):
-        text = "".join(
-            str(m.get("content", "")) if isinstance(m, dict) else str(m) for m in prompt
-        )
-    else:
-        text = str(prompt)
     record.prompt_hash = hashlib.sha256(orjson.dumps(prompt)).hexdigest()[:16]
-    record.prompt_chars = len(text)
+    record.prompt_chars = sum(map(len, prompt_strings(payload)))
 
 
 @dataclass(slots=True)
@@ -120,6 +114,8 @@ class Outgoing:
     stream: bool = False
     client_usage: bool = False
     client_continuous: bool = False
+    prompt_estimate: int | None = None
+    """The prompt's tokens as estimated for the live table (estimated mode only)."""
 
 
 @dataclass
@@ -146,7 +142,6 @@ class Proxy:
         observers: list[Observer],
         inflight: InFlightTokens,
         admission: Admission,
-        live_usage: bool = True,
         capture_prompt_hash: bool = False,
         on_normalized: Callable[[], None] | None = None,
     ) -> None:
@@ -156,7 +151,9 @@ class Proxy:
         self._observers = observers
         self._inflight = inflight
         self._admission = admission
-        self._live_usage = live_usage
+        self._live_usage = config.live_token_counts
+        self._exact_usage = config.live_token_counts and config.exact_live_token_counts
+        self._prompt_sizes = PromptSizeEstimator()
         self._capture_prompt_hash = capture_prompt_hash
         self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
@@ -210,8 +207,15 @@ class Proxy:
         except Refusal as refusal:
             return self._refuse(record, refusal, trace_headers)
         tokenizing = None
-        if outgoing.payload is not None and not outgoing.stream and self._live_usage and outgoing.model:
-            tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
+        if outgoing.payload is not None and self._live_usage and outgoing.model:
+            if not self._exact_usage:
+                record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
+                outgoing.prompt_estimate = self._prompt_sizes.estimate(outgoing.model, record.prompt_chars)
+                record.prompt_tokens_estimate = outgoing.prompt_estimate
+                if not outgoing.stream:  # a stream enters the table with its chunk counter
+                    self._inflight.track(record.span_id, outgoing.model, outgoing.prompt_estimate)
+            elif not outgoing.stream:
+                tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
         try:
             return await self._send(request, record, span, start_ns, outgoing, trace_headers)
         finally:
@@ -251,7 +255,7 @@ class Proxy:
             outgoing.client_usage = bool(options.get("include_usage"))
             outgoing.client_continuous = bool(options.get("continuous_usage_stats"))
             options["include_usage"] = True
-            if self._live_usage:
+            if self._exact_usage:
                 options["continuous_usage_stats"] = True
             payload["stream_options"] = options
             changed = True
@@ -314,7 +318,8 @@ class Proxy:
                     request, upstream, response_headers, record, start_ns, deadline_ns,
                     expect_done=outgoing.stream,
                     strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
-                    strip_usage_field=outgoing.stream and self._live_usage and not outgoing.client_continuous,
+                    strip_usage_field=outgoing.stream and self._exact_usage and not outgoing.client_continuous,
+                    prompt_estimate=outgoing.prompt_estimate,
                 )
             try:
                 remaining = None if deadline_ns is None else max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
@@ -372,6 +377,7 @@ class Proxy:
         expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
+        prompt_estimate: int | None,
     ) -> web.StreamResponse:
         key, inflight = record.span_id, self._inflight
 
@@ -379,8 +385,10 @@ class Proxy:
             inflight.update(key, record.model, (prompt or 0) + (completion or 0))
 
         reader = SseReader(strip_usage_chunk=strip_usage_chunk, strip_usage_field=strip_usage_field,
-                           on_usage=on_usage, max_event_bytes=self._config.max_event_bytes,
-                           trace_id=record.trace_id)
+                           on_usage=on_usage if self._exact_usage else None,
+                           max_event_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
+        if prompt_estimate is not None:
+            inflight.track(key, record.model, prompt_estimate, reader.stats)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         failure: tuple[Outcome, str, str] | None = None
@@ -497,7 +505,12 @@ class Proxy:
 
     def _finish(self, record: RequestRecord, span: Span) -> None:
         """Derive the length bucket, run the observers (never let one fail the request), end the span."""
-        record.length_bucket = length_bucket(record.prompt_tokens, self._edges)
+        known = record.prompt_tokens
+        if known is None and record.stream and record.ttft_s is not None:
+            known = record.prompt_tokens_estimate  # a stream cut before its usage chunk: the bucket is coarse
+        record.length_bucket = length_bucket(known, self._edges)
+        if record.prompt_tokens and record.prompt_chars and not self._exact_usage:
+            self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
         if record.model not in self._state.known_models and record.model != "unknown":
             record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
         span.set_attribute("http.response.status_code", record.http_status)

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
+_ZEROS = [0.0] * 256
 
 
 @dataclass(slots=True)
@@ -71,6 +72,28 @@ class SseReader:
         buffer = self._buffer + data if self._buffer else data
         if b"\r" in buffer:
             return self._feed_general(buffer, now_ns)
+        stats = self.stats
+        if stats.first_content_ns is not None and (self._max_event_bytes is None
+                                                   or len(buffer) <= self._max_event_bytes):
+            # The hot path: everything complete in this read is ordinary mid-stream content
+            # (one ``data: {...}`` line per event, each with a running choice, no usage, no
+            # error). Then it is forwarded as it came and only counted and timestamped, with
+            # a few byte scans for the whole read rather than work per event. Events that
+            # arrived together are 0 s apart, as they would be one by one.
+            end = buffer.rfind(b"\n\n") + 2
+            if end > 1:
+                complete = buffer[:end] if end < len(buffer) else buffer
+                events = complete.count(b"\n\n")
+                if (complete.count(b"data: {") == events
+                        and complete.count(b'"finish_reason":null') + complete.count(b'"finish_reason": null')
+                        == events and b'"usage"' not in complete and b'"error"' not in complete):
+                    self._buffer = buffer[end:]
+                    stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
+                    if events > 1:
+                        stats.gaps_s.extend(_ZEROS[: events - 1] if events <= len(_ZEROS) else [0.0] * (events - 1))
+                    stats.last_content_ns = now_ns
+                    stats.content_events += events
+                    return complete
         events = buffer.split(b"\n\n")
         self._buffer = events.pop()
         if self._max_event_bytes is not None and len(buffer) > self._max_event_bytes:
@@ -82,6 +105,13 @@ class SseReader:
         for body in events:
             if body.startswith(b"data: {") and b"\n" not in body:
                 raw = body + b"\n\n"
+                if stats.first_content_ns is not None and _is_plain_content(body):
+                    # a content chunk among others (first, last, usage) in this read: count it, no JSON
+                    stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
+                    stats.last_content_ns = now_ns
+                    stats.content_events += 1
+                    out.append(raw)
+                    continue
                 forwarded = self._json_event(raw, body[6:], now_ns)
             else:
                 raw = body + b"\n\n"
@@ -198,6 +228,16 @@ class SseReader:
             if self._strip_usage_field:
                 return _without_usage(raw, obj)
         return raw
+
+
+def _is_plain_content(body: bytes) -> bool:
+    """Whether a ``data: {...}`` event is a mid-stream content chunk: a choice still running, no usage, no error.
+
+    Byte tests only (vLLM writes ``"finish_reason":null`` compactly; json.dumps writes it with a
+    space). A chunk that fails them is parsed, so a false "no" costs time, never correctness.
+    """
+    return (b'"finish_reason":null' in body or b'"finish_reason": null' in body) and b'"usage"' not in body \
+        and b'"error"' not in body
 
 
 def _without_usage(raw: bytes, obj: dict[str, Any]) -> bytes:

@@ -55,7 +55,7 @@ async def test_streamed_chat_passes_through_and_is_measured(setup: Any, fake: Fa
     assert len(chunks) == 5
     assert all("usage" not in c for c in chunks)
     sent = fake.requests[-1]["body"]["stream_options"]
-    assert sent == {"include_usage": True, "continuous_usage_stats": True}
+    assert sent == {"include_usage": True}  # the final usage chunk only: nothing per chunk costs vLLM
     labels = {"model_name": "m", "route": "/v1/chat/completions"}
     assert _sample(registry, "inferwatch_requests_total", outcome="ok", length_bucket="le512", **labels) == 1
     assert _sample(registry, "inferwatch_completion_tokens_total", **labels) == 5
@@ -233,9 +233,21 @@ async def test_client_disconnect_cancels_the_upstream(
         await runner.cleanup()
 
 
-async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any, fake: FakeOpenAI) -> None:
-    """A non-streamed request sits in the live token table with its /tokenize count until it ends."""
-    client, _, app = setup
+async def _exact_setup(
+    fake: FakeOpenAI, aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients
+) -> tuple[TestClient, web.Application]:
+    upstream = await aiohttp_server(fake.app())
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"),
+                           exact_live_token_counts=True)
+    app = build_app(settings, CollectorRegistry())
+    return await aiohttp_client(app), app
+
+
+async def test_exact_mode_counts_a_non_streamed_prompt_with_tokenize(
+    fake: FakeOpenAI, aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients
+) -> None:
+    """With serve.exact_live_token_counts, a non-streamed request sits in the table with its /tokenize count."""
+    client, app = await _exact_setup(fake, aiohttp_server, aiohttp_client)
     pending = asyncio.ensure_future(client.post("/v1/completions", json={"model": "slow", "prompt": "p"}))
     seen: list[int] = []
     for _ in range(40):
@@ -247,6 +259,63 @@ async def test_non_streamed_request_counts_its_prompt_while_in_flight(setup: Any
     assert fake.tokenize_calls == 1
     response = await pending
     assert response.status == 200
+    assert app[INFLIGHT].snapshot() == []
+
+
+async def test_exact_mode_asks_for_usage_on_every_chunk_and_strips_it(
+    fake: FakeOpenAI, aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients
+) -> None:
+    """With serve.exact_live_token_counts, streams ask for continuous usage; the client still sees none."""
+    client, _ = await _exact_setup(fake, aiohttp_server, aiohttp_client)
+    response = await client.post("/v1/completions", json={"model": "m", "prompt": "x", "stream": True,
+                                                          "max_tokens": 4})
+    events = [e for e in (await response.text()).split("\n\n") if e and e != "data: [DONE]"]
+    assert fake.requests[-1]["body"]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert len(events) == 4
+    assert all("usage" not in json.loads(e[6:]) for e in events)
+
+
+async def test_estimated_mode_calls_nothing_extra_and_learns_the_prompt_size(setup: Any, fake: FakeOpenAI) -> None:
+    """By default no /tokenize call is made; the live table holds an estimate that learns from usage.
+
+    The fake counts every prompt as PROMPT_TOKENS tokens: after a few finished requests the
+    estimate for a prompt of the same length converges towards that count.
+    """
+    client, _, app = setup
+    prompt = "p" * 70  # the fake says 7 tokens: 0.1 token per character, the default guess is 0.25
+    estimates = []
+    for _ in range(30):
+        pending = asyncio.ensure_future(client.post("/v1/completions", json={"model": "slow", "prompt": prompt}))
+        seen: list[int] = []
+        for _ in range(40):
+            seen = [entry.tokens for entry in app[INFLIGHT].snapshot()]
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        estimates.append(seen[0])
+        assert (await pending).status == 200
+    assert fake.tokenize_calls == 0
+    assert estimates[0] == round(70 * 0.25)
+    assert abs(estimates[-1] - PROMPT_TOKENS) <= 1
+
+
+async def test_a_stream_in_the_live_table_grows_with_its_chunks(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients
+) -> None:
+    """While a stream runs, its live size is the prompt estimate plus the content chunks streamed so far."""
+    fake = FakeOpenAI(token_delay_s=0.02)
+    upstream = await aiohttp_server(fake.app())
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"))
+    app = build_app(settings, CollectorRegistry())
+    client = await aiohttp_client(app)
+    response = await client.post("/v1/completions", json={"model": "m", "prompt": "p" * 40, "stream": True,
+                                                          "max_tokens": 30})
+    sizes = []
+    async for _line in response.content:
+        sizes += [entry.tokens for entry in app[INFLIGHT].snapshot()]
+    assert sizes[0] >= round(40 * 0.25)
+    assert max(sizes) == round(40 * 0.25) + 30 or max(sizes) == round(40 * 0.25) + 29
+    assert sizes == sorted(sizes)
     assert app[INFLIGHT].snapshot() == []
 
 

@@ -113,3 +113,25 @@ def test_error_event_is_recorded() -> None:
     reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
     reader.feed(_event({"error": {"message": "boom"}}), 1)
     assert reader.stats.error == "boom"
+
+
+def test_many_content_events_in_one_read_are_counted_without_parsing() -> None:
+    """A read of ordinary content chunks after the first is forwarded whole, each chunk counted once."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
+    first = _chunk("a")
+    assert reader.feed(first, 0) == first
+    burst = b"".join(_chunk(f"w{i}") for i in range(10))
+    assert reader.feed(burst, 1_000_000_000) is burst
+    assert reader.stats.content_events == 11
+    assert reader.stats.gaps_s == [1.0] + [0.0] * 9
+
+
+def test_a_read_mixing_content_and_the_injected_usage_chunk_still_strips_it() -> None:
+    """When the final usage chunk shares a read with content chunks, the content passes and usage is removed."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
+    reader.feed(_chunk("a"), 0)
+    usage = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4}})
+    tail = _chunk("b") + _chunk("c", finish="length") + usage + b"data: [DONE]\n\n"
+    assert reader.feed(tail, 5) == _chunk("b") + _chunk("c", finish="length") + b"data: [DONE]\n\n"
+    assert (reader.stats.content_events, reader.stats.completion_tokens, reader.stats.finish_reason) == (3, 4, "length")
+    assert reader.stats.done
