@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from exporters.batch_histogram import BatchHistogram
@@ -41,6 +43,8 @@ class RequestMetrics:
             cat.UPSTREAM_READY.name, cat.UPSTREAM_READY.help, cat.UPSTREAM_READY.labels, registry=registry
         )
         self.normalized = _counter(cat.REQUESTS_NORMALIZED, registry)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        """Children by (family, labels...): bounded by the label caps the proxy enforces."""
 
     def precreate(self, model: str, route: str, edges: tuple[int, ...]) -> None:
         """Create the zero-valued request counters of a model and route, so rates exist before any error."""
@@ -48,26 +52,35 @@ class RequestMetrics:
             for outcome in ("ok", "client_error", "upstream_error", "timeout", "cancelled", "overloaded"):
                 self.requests.labels(model, route, outcome, bucket)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: a dict lookup per request instead of a locked lookup."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def observe(self, record: RequestRecord) -> None:
         """Record one finished request."""
         exemplar = {"trace_id": record.trace_id}
-        model, route, bucket = record.model, record.route, record.length_bucket
-        self.requests.labels(model, route, record.outcome.value, bucket).inc()
+        model, route, bucket, outcome = record.model, record.route, record.length_bucket, record.outcome.value
+        child = self._child
+        child(self.requests, model, route, outcome, bucket).inc()
         if record.accept_s is not None:
-            self.accept.labels(model, route, bucket).observe(record.accept_s)
+            child(self.accept, model, route, bucket).observe(record.accept_s)
         if record.ttft_s is not None:
-            self.ttft.labels(model, route, bucket).observe(record.ttft_s, exemplar)
+            child(self.ttft, model, route, bucket).observe(record.ttft_s, exemplar)
         if record.inter_token_s:
-            self.itl.labels(model, route, bucket).observe_many(record.inter_token_s, exemplar)
+            child(self.itl, model, route, bucket).observe_many(record.inter_token_s, exemplar)
         if record.e2e_s is not None:
-            self.e2e.labels(model, route, record.outcome.value, bucket).observe(record.e2e_s, exemplar)
+            child(self.e2e, model, route, outcome, bucket).observe(record.e2e_s, exemplar)
             if record.stream and record.ttft_s is not None and record.e2e_s > 0:
-                self.prefill_share.labels(model).observe(min(record.ttft_s / record.e2e_s, 1.0))
+                child(self.prefill_share, model).observe(min(record.ttft_s / record.e2e_s, 1.0))
         if record.prompt_tokens is not None:
-            self.prompt_tokens.labels(model, route).inc(record.prompt_tokens)
-            self.prompt_tokens_hist.labels(model, route).observe(record.prompt_tokens)
+            child(self.prompt_tokens, model, route).inc(record.prompt_tokens)
+            child(self.prompt_tokens_hist, model, route).observe(record.prompt_tokens)
         if record.completion_tokens is not None:
-            self.completion_tokens.labels(model, route).inc(record.completion_tokens)
-            self.completion_tokens_hist.labels(model, route).observe(record.completion_tokens)
+            child(self.completion_tokens, model, route).inc(record.completion_tokens)
+            child(self.completion_tokens_hist, model, route).observe(record.completion_tokens)
         if record.finish_reason:
-            self.finish_reasons.labels(model, record.finish_reason).inc()
+            child(self.finish_reasons, model, record.finish_reason).inc()

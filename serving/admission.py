@@ -71,6 +71,8 @@ class Admission:
         if request.content_length is not None and request.content_length > limit:
             raise too_large
         try:
+            if request.content.is_eof():  # the body came with the headers (most requests): no timer needed
+                return await request.read()
             async with asyncio.timeout(self._config.client_body_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:

@@ -294,11 +294,15 @@ class Proxy:
         url = self._upstream + request.path_qs
         deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
         try:
-            async with asyncio.timeout(self._request_timeout_s):
-                upstream = await self._session().request(
-                    request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
-                    allow_redirects=False,
-                )
+            sending = self._session().request(
+                request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
+                allow_redirects=False,
+            )
+            if self._request_timeout_s is None:
+                upstream = await sending
+            else:
+                async with asyncio.timeout(self._request_timeout_s):
+                    upstream = await sending
         except Exception as err:  # every way of not getting a status line; see _upstream_failure
             return self._upstream_failure(record, err, trace_headers, before_status=True)
         try:
@@ -322,9 +326,11 @@ class Proxy:
                     prompt_estimate=outgoing.prompt_estimate,
                 )
             try:
-                remaining = None if deadline_ns is None else max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
-                async with asyncio.timeout(remaining):
+                if deadline_ns is None:
                     data = await upstream.read()
+                else:
+                    async with asyncio.timeout(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)):
+                        data = await upstream.read()
             except Exception as err:
                 return self._upstream_failure(record, err, trace_headers, before_status=False)
             record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
@@ -513,16 +519,18 @@ class Proxy:
             self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
         if record.model not in self._state.known_models and record.model != "unknown":
             record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
-        span.set_attribute("http.response.status_code", record.http_status)
-        span.set_attribute("inferwatch.outcome", record.outcome.value)
-        span.set_attribute("gen_ai.request.model", record.model)
+        attributes: dict[str, str | int] = {
+            "http.response.status_code": record.http_status, "inferwatch.outcome": record.outcome.value,
+            "gen_ai.request.model": record.model,
+        }
         if record.prompt_tokens is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+            attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
         if record.completion_tokens is not None:
-            span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+            attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
         if record.outcome.is_error:
-            span.set_attribute("error.type", record.error_type or record.outcome.value)
+            attributes["error.type"] = record.error_type or record.outcome.value
             span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))
+        span.set_attributes(attributes)  # one lock, not one per attribute
         for observer in self._observers:
             try:
                 observer(record, span)
