@@ -1,7 +1,8 @@
 """The admin endpoints (``/admin/*``): on loopback only, or with the configured bearer token.
 
 Everything the sidecar serves besides the proxied API, ``/metrics``, ``/healthz`` and ``/readyz``
-lives under ``/admin/`` and passes :func:`admin_guard`: a client on a loopback address is let in;
+lives in the ``/admin/`` sub-application (so the proxied requests never pass its middleware) and
+passes :func:`admin_guard`: a client on a loopback address is let in;
 any other needs ``Authorization: Bearer <token>`` with the token read from
 ``serve.admin_token_file`` (compared in constant time). Without a token file, non-loopback
 clients get 403.
@@ -9,18 +10,22 @@ clients get 403.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import psutil
 from aiohttp import web
 
 from exporters.errors import ConfigError
 from serving.errors import error_body
+from serving.proxy import Proxy
 from serving.rule_engine import RULE_RUNNER
 
 ADMIN_PREFIX = "/admin/"
+ADMIN_MOUNT = "/admin"
 MIN_TOKEN_BYTES = 16
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -71,11 +76,30 @@ def admin_guard(token: bytes | None) -> Callable[[web.Request, Handler], Awaitab
 
 async def alerts(request: web.Request) -> web.Response:
     """The embedded rule engine's alerts (pending, firing, recently resolved) with their labels."""
-    runner = request.app.get(RULE_RUNNER)
+    runner = request.config_dict.get(RULE_RUNNER)
     body = {"enabled": runner is not None, "alerts": list(runner.alert_snapshot) if runner is not None else []}
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
-def add_admin_routes(app: web.Application) -> None:
-    """Register the admin endpoints (guarded by :func:`admin_guard` installed as middleware)."""
-    app.router.add_get(ADMIN_PREFIX + "alerts", alerts)
+def runtime_handler(proxy: Proxy) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``/admin/runtime``: the sidecar process's own counts, for leak checks."""
+
+    async def runtime(_request: web.Request) -> web.Response:
+        process = psutil.Process()
+        body = {
+            "asyncio_tasks": len(asyncio.all_tasks()),
+            "open_fds": process.num_fds(),
+            "rss_bytes": process.memory_info().rss,
+            "active_requests": proxy.active,
+        }
+        return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+    return runtime
+
+
+def admin_app(token: bytes | None, proxy: Proxy) -> web.Application:
+    """The ``/admin/`` sub-application, guarded by :func:`admin_guard`; mount it with ``add_subapp``."""
+    app = web.Application(middlewares=[admin_guard(token)])
+    app.router.add_get("/alerts", alerts)
+    app.router.add_get("/runtime", runtime_handler(proxy))
+    return app

@@ -19,7 +19,7 @@ from exporters.request_metrics import RequestMetrics
 from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
 from log_pipeline.sink import RecordSink
-from serving.admin import add_admin_routes, admin_guard, load_admin_token
+from serving.admin import ADMIN_MOUNT, admin_app, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
@@ -64,8 +64,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         ConfigError: the HMAC key or the admin token cannot be read.
     """
     hmac_key = load_key(settings.serve.hmac_key_file, settings.serve.hmac_key_env)
-    app = web.Application(client_max_size=settings.serve.max_body_bytes,
-                          middlewares=[admin_guard(load_admin_token(settings.serve.admin_token_file))])
+    admin_token = load_admin_token(settings.serve.admin_token_file)
+    app = web.Application(client_max_size=settings.serve.max_body_bytes)
     registry = registry if registry is not None else CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
@@ -125,7 +125,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.handle)
-    add_admin_routes(app)
+    app.add_subapp(ADMIN_MOUNT, admin_app(admin_token, proxy))
     app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
     return app
 
