@@ -71,6 +71,7 @@ class RequestRecord:
     e2e_s: float | None = None
     inter_token_s: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    response_model: str | None = None
     error_type: str | None = None
     error_message: str | None = None
     start_unix: float = 0.0

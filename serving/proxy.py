@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -38,6 +39,7 @@ RESPONSE_HEADERS_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "
 TRACE_HEADER = "x-trace-id"
 MAX_MODEL_LABELS = 64
 PROMPT_PLACEHOLDER = "[prompt text]"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _PROBLEMS = {
     "upstream_malformed_event": "upstream sent an SSE data line that is not JSON",
     "upstream_event_too_large": "upstream sent an SSE event larger than serve.max_event_bytes",
@@ -157,6 +159,9 @@ class Proxy:
         self._capture_prompt_hash = capture_prompt_hash
         self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
+        parts = urlsplit(self._upstream)
+        self._server_attributes: dict[str, str | int] = {"server.address": parts.hostname or "",
+                                                          "server.port": parts.port or _DEFAULT_PORTS[parts.scheme]}
         self._edges = tuple(config.length_bucket_edges)
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
@@ -173,7 +178,7 @@ class Proxy:
         route = request.path if request.path in KNOWN_ROUTES else "other"
         span = self._tracing.start_request_span(
             f"{request.method} {route}", request.headers,
-            {"http.request.method": request.method, "url.path": request.path, "server.address": self._upstream},
+            {"http.request.method": request.method, "url.path": request.path, **self._server_attributes},
         )
         record = RequestRecord(
             trace_id=trace_id_hex(span), span_id=span_id_hex(span), route=route,
@@ -206,6 +211,11 @@ class Proxy:
             admission.check_shedding(outgoing.model, request.headers)
         except Refusal as refusal:
             return self._refuse(record, refusal, trace_headers)
+        if outgoing.payload is not None:  # OpenTelemetry's GenAI conventions, request side
+            span.set_attributes({
+                "gen_ai.operation.name": "chat" if record.route == "/v1/chat/completions" else "text_completion",
+                "gen_ai.provider.name": "vllm", "gen_ai.request.model": outgoing.model or "",
+            })
         tokenizing = None
         if outgoing.payload is not None and self._live_usage and outgoing.model:
             if not self._exact_usage:
@@ -448,6 +458,7 @@ class Proxy:
         record.prompt_tokens = stats.prompt_tokens
         record.completion_tokens = stats.completion_tokens
         record.finish_reason = stats.finish_reason
+        record.response_model = stats.response_model
         if stats.error and record.outcome is Outcome.OK:
             record.outcome = Outcome.UPSTREAM_ERROR
             record.error_type, record.error_message = "upstream_error_event", stats.error
@@ -461,6 +472,8 @@ class Proxy:
             return
         if not isinstance(obj, dict):
             return
+        if isinstance(obj.get("model"), str):
+            record.response_model = obj["model"]
         usage = obj.get("usage")
         if isinstance(usage, dict):
             record.prompt_tokens = usage.get("prompt_tokens")
@@ -519,10 +532,13 @@ class Proxy:
             self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
         if record.model not in self._state.known_models and record.model != "unknown":
             record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
-        attributes: dict[str, str | int] = {
+        attributes: dict[str, str | int | list[str]] = {
             "http.response.status_code": record.http_status, "inferwatch.outcome": record.outcome.value,
-            "gen_ai.request.model": record.model,
         }
+        if record.response_model is not None:
+            attributes["gen_ai.response.model"] = record.response_model
+        if record.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = [record.finish_reason]
         if record.prompt_tokens is not None:
             attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
         if record.completion_tokens is not None:

@@ -34,6 +34,7 @@ class StreamStats:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    response_model: str | None = None
     error: str | None = None
     undecodable_events: int = 0
     done: bool = False
@@ -187,6 +188,8 @@ class SseReader:
 
     def _chunk(self, raw: bytes, obj: dict[str, Any], now_ns: int) -> bytes:
         stats = self.stats
+        if stats.response_model is None and isinstance(obj.get("model"), str):
+            stats.response_model = obj["model"]
         choices = obj.get("choices")
         content = False
         if choices:

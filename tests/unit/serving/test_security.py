@@ -235,3 +235,30 @@ def test_admin_token_shorter_than_16_bytes_is_a_config_error(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match=r"serve\.admin_token_file"):
         build_app(cfg.replace(cfg.defaults(), "serve", admin_token_file=str(short)))
 
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_spans_follow_the_genai_conventions(
+    fast: tuple[ThreadedServer, FaultyUpstream], tmp_path: Path, stream: bool
+) -> None:
+    """A chat completion's span carries OpenTelemetry's GenAI attributes, with what the upstream answered."""
+    server, _ = fast
+    sidecar, runner = await start_sidecar(server.url, tmp_path / "logs")
+    try:
+        answer = await send(sidecar, None, stream=stream, chat=True, max_tokens=4)
+        (span,) = [s for s in sidecar.spans.get_finished_spans()
+                   if format(s.context.trace_id, "032x") == answer.headers["x-trace-id"]]
+        attributes = dict(span.attributes or {})
+        host, port = server.url.removeprefix("http://").split(":")
+        assert attributes["gen_ai.operation.name"] == "chat"
+        assert attributes["gen_ai.provider.name"] == "vllm"
+        assert attributes["gen_ai.request.model"] == "fake-model"
+        assert attributes["gen_ai.response.model"] == "fake-model"
+        assert attributes["gen_ai.usage.input_tokens"] == 7
+        assert attributes["gen_ai.usage.output_tokens"] == 4
+        assert attributes["gen_ai.response.finish_reasons"] == ("length",)
+        assert (attributes["server.address"], attributes["server.port"]) == (host, int(port))
+        assert "error.type" not in attributes
+    finally:
+        await sidecar.session.close()
+        await runner.cleanup()
