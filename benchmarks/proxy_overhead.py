@@ -26,7 +26,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine, percentile, revision, write_section
-from serving.launcher import free_port, start_sidecar
+from serving.tools.launcher import free_port, start_sidecar
 
 TOKENS = 64
 

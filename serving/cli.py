@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from exporters.errors import ConfigError, InferwatchError
 
-COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load")
+COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill")
 
 EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad usage or configuration.
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""

@@ -41,7 +41,16 @@ PROCESS_OOM_EVENTS = MetricSpec(
     ("source",), "events",
 )
 
+COLD_START_BUCKETS = (1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 1200.0,
+                      1800.0, 3600.0)
+UPSTREAM_COLD_START = MetricSpec(
+    "inferwatch_upstream_cold_start_seconds", MetricType.HISTOGRAM,
+    "Cold starts of the upstream seen by the sidecar: from readiness lost (or, at the sidecar's start, the "
+    "first probe that found it not ready) to the first successful token after readiness returned.",
+    (), "seconds", COLD_START_BUCKETS,
+)
+
 SPECS: tuple[MetricSpec, ...] = (
     PROCESS_UP, PROCESS_COUNT, PROCESS_RESIDENT_MEMORY, PROCESS_GPU_MEMORY, PROCESS_RESTARTS,
-    PROCESS_OOM_EVENTS,
+    PROCESS_OOM_EVENTS, UPSTREAM_COLD_START,
 )

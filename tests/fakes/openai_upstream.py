@@ -6,7 +6,12 @@ faults on request: model ``fail`` -> 500, ``overloaded`` -> 503, ``oom`` -> 500 
 out-of-memory message, ``stall`` -> never answers, ``slow`` -> answers after 0.5 s,
 ``break`` -> stream cut after 2 chunks. For warm-up and load-test tests it can also delay the
 first answer of its k-th generation request (``first_token_delays_s[k]``) and answer 503 to the
-first ``unhealthy_for`` health checks.
+first ``unhealthy_for`` health checks. For load-test tests: ``count_prompt_words`` makes a prompt
+one token per word plus one (plus four per chat message) in ``/tokenize`` and usage alike;
+``tokenize=False`` removes ``/tokenize``; ``max_model_len`` goes on the ``/v1/models`` card of
+``model_name``; ``latency_per_in_flight_s`` holds each answer back that long per generation in
+flight when it arrived (itself included), so latency grows with load in a known way; and
+``metrics_text`` is served at ``/metrics``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ class FakeOpenAI:
         record: bool = True,
         first_token_delays_s: Sequence[float] = (),
         unhealthy_for: int = 0,
+        *,
+        count_prompt_words: bool = False,
+        tokenize: bool = True,
+        model_name: str = "fake-model",
+        max_model_len: int | None = None,
+        latency_per_in_flight_s: float = 0.0,
+        metrics_text: str | None = None,
     ) -> None:
         self.token_delay_s = token_delay_s
         self.record = record
@@ -45,6 +57,15 @@ class FakeOpenAI:
         self.tokenize_calls = 0
         self.generations = 0
         self.health_checks = 0
+        self.count_prompt_words = count_prompt_words
+        self.has_tokenize = tokenize
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.latency_per_in_flight_s = latency_per_in_flight_s
+        self.metrics_text = metrics_text
+        self.in_flight = 0
+        self.usage_prompt_tokens = 0
+        self.usage_completion_tokens = 0
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -53,8 +74,23 @@ class FakeOpenAI:
         app.router.add_post("/v1/chat/completions", self.generate)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
-        app.router.add_post("/tokenize", self.tokenize)
+        if self.has_tokenize:
+            app.router.add_post("/tokenize", self.tokenize)
+        if self.metrics_text is not None:
+            app.router.add_get("/metrics", self.metrics)
         return app
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        """Tokens of a request's prompt: PROMPT_TOKENS, or by words with ``count_prompt_words``."""
+        if not self.count_prompt_words:
+            return PROMPT_TOKENS
+        if isinstance(body.get("messages"), list):
+            return sum(4 + len(str(m.get("content", "")).split()) for m in body["messages"])
+        return 1 + len(str(body.get("prompt", "")).split())
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        """The configured exposition text."""
+        return web.Response(text=self.metrics_text or "", content_type="text/plain")
 
     async def health(self, _request: web.Request) -> web.Response:
         """Ready, except for the first ``unhealthy_for`` checks (503)."""
@@ -64,18 +100,31 @@ class FakeOpenAI:
         return web.Response(text="")
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        """Every prompt is PROMPT_TOKENS tokens long."""
-        await request.read()
+        """Every prompt is PROMPT_TOKENS tokens long (or counted by words, see ``count_prompt_words``)."""
+        body = await request.json()
         self.tokenize_calls += 1
-        return web.json_response({"count": PROMPT_TOKENS, "max_model_len": 2048, "tokens": []})
+        return web.json_response({"count": self.prompt_tokens(body), "max_model_len": self.max_model_len or 2048,
+                                  "tokens": []})
 
     async def models(self, _request: web.Request) -> web.Response:
-        """One model."""
-        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+        """One model (with ``max_model_len`` when configured)."""
+        card: dict[str, Any] = {"id": self.model_name, "object": "model"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         """Completions and chat completions, streamed or not."""
+        self.in_flight += 1
+        try:
+            return await self._generate(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.latency_per_in_flight_s:
+            await asyncio.sleep(self.latency_per_in_flight_s * self.in_flight)
         if self.record:
             self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
         model = body.get("model", "fake-model")
@@ -95,14 +144,16 @@ class FakeOpenAI:
             await asyncio.sleep(3600)
         if model == "slow":
             await asyncio.sleep(0.5)
+        prompt_tokens = self.prompt_tokens(body)
         if not body.get("stream"):
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s * n)  # paced like a stream: the whole answer at the end
             text = " ".join(f"w{i}" for i in range(n))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
                       if chat else {"index": 0, "text": text, "finish_reason": "length"})
+            self._count_usage(prompt_tokens, n)
             return web.json_response({"id": "x", "object": "completion", "model": model, "choices": [choice],
-                                      "usage": _usage(PROMPT_TOKENS, n)})
+                                      "usage": _usage(prompt_tokens, n)})
         options = body.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -119,16 +170,22 @@ class FakeOpenAI:
                           if chat else {"index": 0, "text": f" w{i}", "finish_reason": finish})
                 chunk: dict[str, Any] = {"id": "x", "created": int(time.time()), "model": model, "choices": [choice]}
                 if continuous:
-                    chunk["usage"] = _usage(PROMPT_TOKENS, i + 1)
+                    chunk["usage"] = _usage(prompt_tokens, i + 1)
                 await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
             if include_usage:
-                final = {"id": "x", "model": model, "choices": [], "usage": _usage(PROMPT_TOKENS, n)}
+                final = {"id": "x", "model": model, "choices": [], "usage": _usage(prompt_tokens, n)}
                 await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
+            self._count_usage(prompt_tokens, n)
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1
             raise
         return response
+
+    def _count_usage(self, prompt: int, completion: int) -> None:
+        """Add a finished generation to the usage sums (``usage_prompt_tokens``, ``usage_completion_tokens``)."""
+        self.usage_prompt_tokens += prompt
+        self.usage_completion_tokens += completion

@@ -1,6 +1,6 @@
-"""The test harness's view of the server launchers (serving/launcher.py, shared with `make demo`)."""
+"""The test harness's view of the server launchers (serving/tools/launcher.py, shared with `make demo`)."""
 
-from serving.launcher import (
+from serving.tools.launcher import (
     ALERTMANAGER,
     AMTOOL,
     PROMETHEUS,

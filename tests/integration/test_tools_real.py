@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from serving import cli
-from serving.loadgen import WarmupResult, WarmupSpec, ttft_spread, warm_up
+from serving.loadtest.warmup import WarmupResult, WarmupSpec, ttft_spread, warm_up
 from tests.harness import servers
 
 pytestmark = pytest.mark.real_server

