@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -13,8 +14,9 @@ from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
 from alert_rules.render import rule_groups
+from exporters.cold_start import ColdStartTracker
 from exporters.inflight import InFlightTokens
-from exporters.records import RequestRecord
+from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
 from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
@@ -41,6 +43,7 @@ READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
 SINK = web.AppKey("record_sink", RecordSink)
+COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
 DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
 """The circuit breaker's first level: while it fires for a model, low-priority requests may be shed."""
 
@@ -91,7 +94,16 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         if record.outcome.is_error and record.error_message and ENGINE_WATCH in app:
             app[ENGINE_WATCH].process.note_upstream_error_body(record.error_message)
 
-    observers: list[Observer] = [observe_metrics, observe_logs, observe_health]
+    cold_starts = ColdStartTracker()
+    registry.register(cold_starts)
+    app[COLD_STARTS] = cold_starts
+
+    def observe_cold_start(record: RequestRecord, _span: Span) -> None:
+        """A successful first token ends a cold start (observers run at the end: step back to the token)."""
+        if record.outcome is Outcome.OK and record.route in GENERATION_ROUTES and record.ttft_s is not None:
+            cold_starts.first_token(at=time.monotonic() - ((record.e2e_s or 0.0) - record.ttft_s))
+
+    observers: list[Observer] = [observe_metrics, observe_logs, observe_health, observe_cold_start]
     app[OBSERVERS] = observers
 
     def session() -> aiohttp.ClientSession:
@@ -106,7 +118,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT], admission,
                   capture_prompt_hash=settings.logs.capture_prompt_hash,
                   on_normalized=metrics.normalized.inc)
-    readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session)
+    readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
+                          on_result=cold_starts.probe, details=cold_starts.details)
     app[READINESS] = readiness
     app[PROXY] = proxy
 

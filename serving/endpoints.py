@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -30,8 +32,14 @@ async def healthz(_request: web.Request) -> web.Response:
 class Readiness:
     """Probes the upstream's health endpoint; ``/readyz`` answers from a fresh probe."""
 
-    def __init__(self, upstream: str, path: str, session: object, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, upstream: str, path: str, session: object, timeout_s: float = 2.0, *,
+        on_result: Callable[[bool], None] | None = None, details: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """``on_result`` hears every probe's outcome; ``details`` adds to ``/readyz``'s JSON (cold starts)."""
         self.url = upstream.rstrip("/") + path
+        self._on_result = on_result
+        self._details = details
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.last_ok: bool | None = None
@@ -47,12 +55,16 @@ class Readiness:
         except (aiohttp.ClientError, TimeoutError) as err:
             ok, self.last_error = False, f"upstream unreachable: {err.__class__.__name__}: {err}"
         self.last_ok, self.last_probe_unix = ok, time.time()
+        if self._on_result is not None:
+            self._on_result(ok)
         return ok
 
     async def handle(self, _request: web.Request) -> web.Response:
         """200 when the upstream is reachable and ready, else 503 with the reason."""
         ok = await self.probe()
-        body = {"status": "ready" if ok else "not_ready", "upstream": self.url}
+        body: dict[str, Any] = {"status": "ready" if ok else "not_ready", "upstream": self.url}
         if not ok:
             body["reason"] = self.last_error or "unknown"
+        if self._details is not None:
+            body.update(self._details())
         return web.json_response(body, status=200 if ok else 503)
