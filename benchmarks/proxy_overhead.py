@@ -128,15 +128,17 @@ def _verdict(rows: list[dict[str, Any]]) -> list[str]:
         if r["concurrency"] == 128:
             out.append(f"- concurrency 128, {r['mode']}: throughput ratio {r['ratio']:.2f} (target >= 0.8): "
                        f"{'met' if r['ratio'] >= 0.8 else 'missed'}.")
-    out += [
-        "",
-        "Why: the sidecar spends about 1 ms of CPU per 64-token streamed request (about 50 us per forwarded "
-        "chunk when chunks arrive one by one: one socket read, one SSE parse, one write) and about 0.6 ms per "
-        "non-streamed one, which with `serve.live_token_counts` also costs the upstream a `/tokenize` call. "
-        "With a zero-delay upstream on 2 shared cores that CPU is taken from the client and the upstream, so "
-        "it shows up as queueing, not as the sidecar's own latency (at concurrency 1 the added p50 is under "
-        "1 ms). With a paced upstream the sidecar keeps 0.98 of direct throughput at concurrency 16.",
-    ]
+    c16 = {r["mode"]: r for r in rows if r["concurrency"] == 16}
+    stream, plain = c16.get("stream 64 tok"), c16.get("non-stream 64 tok")
+    if stream and plain:
+        out += [
+            "",
+            f"Why: in this run the sidecar spent {stream['cpu_ms']:.2f} ms of CPU per 64-token streamed request "
+            f"and {plain['cpu_ms']:.2f} ms per non-streamed one (concurrency 16). With a zero-delay upstream on 2 "
+            "shared cores that CPU is taken from the client and the upstream, so it shows up as queueing, not as "
+            "the sidecar's own latency; the peer comparison (\"Proxy cost against peers\") splits it per request "
+            "and per chunk.",
+        ]
     return out
 
 
