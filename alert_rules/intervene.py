@@ -21,6 +21,8 @@ from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
 from exporters.records import length_bucket_labels, long_length_buckets
 
+DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
+"""The circuit breaker's first level; the sidecar's load shedding watches it by this name."""
 M = "model_name"
 
 Builder = Callable[[RulesConfig, tuple[int, ...]], list[AlertRule]]
@@ -121,7 +123,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
     p99 = _p99(config.breaker_window_s)
     w = duration(config.breaker_window_s)
     degrade = AlertRule(
-        name="InferwatchCircuitBreakerDegrade",
+        name=DEGRADE_ALERT,
         expr=f"({ratio} > {number(config.degrade_error_ratio)}) or ({p99} > {number(config.degrade_p99_s)})",
         for_s=config.breaker_for_s,
         severity=Severity.WARNING,

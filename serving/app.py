@@ -13,6 +13,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
+from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
 from exporters.cold_start import ColdStartTracker
 from exporters.inflight import InFlightTokens
@@ -44,8 +45,6 @@ OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
 SINK = web.AppKey("record_sink", RecordSink)
 COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
-DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
-"""The circuit breaker's first level: while it fires for a model, low-priority requests may be shed."""
 
 
 def server_options(settings: Settings) -> dict[str, object]:
