@@ -87,6 +87,11 @@ def without_prompt_text(message: str, payload: dict[str, Any] | None) -> str:
     return message
 
 
+def _seconds_left(deadline_ns: int) -> float:
+    """Seconds until ``deadline_ns`` (perf_counter_ns), never negative: one total limit across the request's phases."""
+    return max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+
+
 async def _end_stream(response: web.StreamResponse, last: bytes) -> None:
     """Write ``last`` (an error event, or nothing) and the end of the chunked body; a gone client is fine."""
     try:
@@ -116,8 +121,6 @@ class Outgoing:
     stream: bool = False
     client_usage: bool = False
     client_continuous: bool = False
-    prompt_estimate: int | None = None
-    """The prompt's tokens as estimated for the live table (estimated mode only)."""
 
 
 @dataclass
@@ -219,11 +222,11 @@ class Proxy:
         tokenizing = None
         if outgoing.payload is not None and self._live_usage and outgoing.model:
             if not self._exact_usage:
-                record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
-                outgoing.prompt_estimate = self._prompt_sizes.estimate(outgoing.model, record.prompt_chars)
-                record.prompt_tokens_estimate = outgoing.prompt_estimate
+                if record.prompt_chars is None:  # prompt_hash may have counted them already
+                    record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
+                record.prompt_tokens_estimate = self._prompt_sizes.estimate(outgoing.model, record.prompt_chars)
                 if not outgoing.stream:  # a stream enters the table with its chunk counter
-                    self._inflight.track(record.span_id, outgoing.model, outgoing.prompt_estimate)
+                    self._inflight.track(record.span_id, outgoing.model, record.prompt_tokens_estimate)
             elif not outgoing.stream:
                 tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
         try:
@@ -308,10 +311,10 @@ class Proxy:
                 request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
                 allow_redirects=False,
             )
-            if self._request_timeout_s is None:
+            if deadline_ns is None:
                 upstream = await sending
             else:
-                async with asyncio.timeout(self._request_timeout_s):
+                async with asyncio.timeout(_seconds_left(deadline_ns)):
                     upstream = await sending
         except Exception as err:  # every way of not getting a status line; see _upstream_failure
             return self._upstream_failure(record, err, trace_headers, before_status=True)
@@ -333,13 +336,12 @@ class Proxy:
                     expect_done=outgoing.stream,
                     strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
                     strip_usage_field=outgoing.stream and self._exact_usage and not outgoing.client_continuous,
-                    prompt_estimate=outgoing.prompt_estimate,
                 )
             try:
                 if deadline_ns is None:
                     data = await upstream.read()
                 else:
-                    async with asyncio.timeout(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)):
+                    async with asyncio.timeout(_seconds_left(deadline_ns)):
                         data = await upstream.read()
             except Exception as err:
                 return self._upstream_failure(record, err, trace_headers, before_status=False)
@@ -393,7 +395,6 @@ class Proxy:
         expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
-        prompt_estimate: int | None,
     ) -> web.StreamResponse:
         key, inflight = record.span_id, self._inflight
 
@@ -403,8 +404,8 @@ class Proxy:
         reader = SseReader(strip_usage_chunk=strip_usage_chunk, strip_usage_field=strip_usage_field,
                            on_usage=on_usage if self._exact_usage else None,
                            max_event_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
-        if prompt_estimate is not None:
-            inflight.track(key, record.model, prompt_estimate, reader.stats)
+        if record.prompt_tokens_estimate is not None:
+            inflight.track(key, record.model, record.prompt_tokens_estimate, reader.stats)
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         failure: tuple[Outcome, str, str] | None = None
