@@ -14,19 +14,17 @@ import asyncio
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import psutil
 from aiohttp import web
 
-from exporters.errors import ConfigError
 from serving.errors import error_body
 from serving.proxy import Proxy
 from serving.rule_engine import RULE_RUNNER
+from serving.signing import read_secret_file
 
 ADMIN_PREFIX = "/admin/"
 ADMIN_MOUNT = "/admin"
-MIN_TOKEN_BYTES = 16
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -35,17 +33,9 @@ def load_admin_token(path: str) -> bytes | None:
     """The bearer token in ``path`` (whitespace stripped); None when no file is configured.
 
     Raises:
-        ConfigError: the file cannot be read or holds fewer than ``MIN_TOKEN_BYTES`` bytes.
+        ConfigError: the file cannot be read or holds fewer than ``MIN_KEY_BYTES`` bytes.
     """
-    if not path:
-        return None
-    try:
-        token = Path(path).read_bytes().strip()
-    except OSError as err:
-        raise ConfigError("serve.admin_token_file", f"cannot read the token file: {err.strerror}", path) from err
-    if len(token) < MIN_TOKEN_BYTES:
-        raise ConfigError("serve.admin_token_file", f"the token must be at least {MIN_TOKEN_BYTES} bytes", path)
-    return token
+    return read_secret_file(path, "serve.admin_token_file", "token") if path else None
 
 
 def _is_loopback(remote: str | None) -> bool:

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from exporters.records import Outcome
 from serving.config import ServeConfig
-from serving.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureVerifier
+from serving.signing import MEMORY_FULL, SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureVerifier
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ class Admission:
                                         request.headers.get(SIGNATURE_HEADER), body)
         if problem is None:
             return
-        if problem.startswith("too many"):  # the replay memory is full: a capacity problem, not the client's
+        if problem.startswith(MEMORY_FULL):  # the replay memory is full: a capacity problem, not the client's
             raise Refusal(503, Outcome.OVERLOADED, "sidecar_overloaded", f"cannot verify more signatures now: "
                           f"{problem}", self._config.retry_after_s)
         raise Refusal(401, Outcome.CLIENT_ERROR, "unauthorized", f"request signature refused: {problem}")

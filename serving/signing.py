@@ -30,6 +30,8 @@ TIMESTAMP_HEADER = "X-Inferwatch-Timestamp"
 SIGNATURE_HEADER = "X-Inferwatch-Signature"
 SCHEME = "v1"
 MIN_KEY_BYTES = 16
+MEMORY_FULL = "too many signed requests in the window"
+"""How a refusal for a full replay memory begins: a capacity problem of the sidecar, not a bad request."""
 
 _TIMESTAMP = re.compile(r"[0-9]{1,20}")
 _SIGNATURE = re.compile(rf"{SCHEME}=([0-9a-fA-F]{{64}})")
@@ -112,10 +114,7 @@ class SignatureVerifier:
         if signature in self._seen:
             return "signature already used (replay)"
         if len(self._seen) >= self._max_remembered:
-            return (
-                f"too many signed requests in the window ({self._max_remembered} accepted "
-                f"within {self._window_s:g} s)"
-            )
+            return f"{MEMORY_FULL} ({self._max_remembered} accepted within {self._window_s:g} s)"
         self._seen.add(signature)
         heapq.heappush(self._expiries, (expires, signature))
         return None
@@ -134,25 +133,37 @@ def load_key(key_file: str, key_env: str) -> bytes | None:
     if key_file and key_env:
         raise ConfigError("serve.hmac_key_file", "set serve.hmac_key_file or serve.hmac_key_env, not both")
     if key_file:
-        config_key, source = "serve.hmac_key_file", "the key file"
-        try:
-            raw = Path(key_file).read_bytes()
-        except OSError as err:
-            raise ConfigError(config_key, f"cannot read the key file: {err.strerror}", key_file) from err
-    elif key_env:
+        return read_secret_file(key_file, "serve.hmac_key_file")
+    if key_env:
         config_key, source = "serve.hmac_key_env", "the environment variable"
         value = os.environ.get(key_env)
         if value is None:
             raise ConfigError(config_key, "the environment variable is not set", key_env)
         raw = os.fsencode(value)
-    else:
-        return None
-    key = raw.strip()
-    shown = key_file or key_env
-    if not key:
+        return _checked_secret(raw, config_key, source, key_env)
+    return None
+
+
+def read_secret_file(path: str, config_key: str, what: str = "key") -> bytes:
+    """A secret (a key, a token) that is the whole content of ``path``, whitespace stripped.
+
+    Raises:
+        ConfigError: naming ``config_key``: the file cannot be read, is empty, or holds fewer than
+            ``MIN_KEY_BYTES`` bytes.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise ConfigError(config_key, f"cannot read the {what} file: {err.strerror}", path) from err
+    return _checked_secret(raw, config_key, f"the {what} file", path, what)
+
+
+def _checked_secret(raw: bytes, config_key: str, source: str, shown: str, what: str = "key") -> bytes:
+    secret = raw.strip()
+    if not secret:
         raise ConfigError(config_key, f"{source} is empty", shown)
-    if len(key) < MIN_KEY_BYTES:
+    if len(secret) < MIN_KEY_BYTES:
         raise ConfigError(
-            config_key, f"the key in {source} is {len(key)} bytes; at least {MIN_KEY_BYTES} are required", shown
+            config_key, f"the {what} in {source} is {len(secret)} bytes; at least {MIN_KEY_BYTES} are required", shown
         )
-    return key
+    return secret
