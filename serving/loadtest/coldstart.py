@@ -166,7 +166,12 @@ def measure_shock(event: ColdStart, results: Sequence[RequestResult], window_s: 
 
 
 def failed_during_restarts(results: Sequence[RequestResult], events: Sequence[ColdStart]) -> set[int]:
-    """Indexes of the failed requests sent while a restart was in progress (expected failures)."""
+    """Indexes of the failed requests that overlapped a restart (expected failures).
+
+    A request overlaps when it was still running as the restart began (sent before it, ended
+    after it: the restart killed it) or was sent before the upstream was ready again.
+    """
     return {r.index for r in results if not r.ok for e in events
-            if e.restart_s <= r.sent_s < (e.ready_s if e.ready_s is not None else float("inf"))}
+            if r.sent_s + (r.e2e_s or 0.0) >= e.restart_s
+            and r.sent_s < (e.ready_s if e.ready_s is not None else float("inf"))}
 

@@ -336,9 +336,13 @@ class TestWarmup:
         assert "has not settled" in result.reason
 
     async def test_health_deadline(self, aiohttp_server: Servers) -> None:
-        """A server that never becomes healthy is reported with the last status seen."""
+        """A server that never becomes healthy is reported with the last status seen.
+
+        The budget leaves room for a slow first connection on a busy machine (0.2 s once ran out
+        before any answer, leaving "timed out" as the last thing seen).
+        """
         url = await _upstream(aiohttp_server, FakeOpenAI(unhealthy_for=10_000))
-        result = await warm_up(WarmupSpec(url, "m", timeout_s=0.2, health_poll_s=0.02))
+        result = await warm_up(WarmupSpec(url, "m", timeout_s=2.0, health_poll_s=0.02))
         assert not result.settled
         assert result.health_wait_s is None
         assert "did not answer 200" in result.reason
