@@ -60,12 +60,6 @@ def _anchor_pattern(value: Any) -> str | None:
     return None if "{anchor}" in value else "must contain the placeholder {anchor}"
 
 
-def _optional_url(value: Any) -> str | None:
-    if value == "" or value.startswith(("http://", "https://")):
-        return None
-    return "must be empty or an http:// or https:// URL"
-
-
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
     """Section ``[rules]``: thresholds and windows of the alerts and SLOs."""

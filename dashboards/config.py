@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.configuring import one_of, positive, setting
+from exporters.configuring import http_url, one_of, positive, setting
 
 TRACE_BACKENDS = ("jaeger", "tempo")
 
@@ -14,10 +14,6 @@ def _uid_part(value: Any) -> str | None:
     if not value or len(value) > 24 or not all(c.isalnum() or c in "-_" for c in value):
         return "must be 1-24 letters, digits, '-' or '_' (Grafana uids are at most 40 characters)"
     return None
-
-
-def _http_url(value: Any) -> str | None:
-    return None if value.startswith(("http://", "https://")) else "must be an http:// or https:// URL"
 
 
 def _relative_time(value: Any) -> str | None:
@@ -43,7 +39,7 @@ class DashboardConfig:
     )
     prometheus_url: str = setting(
         "http://prometheus:9090", "URL Grafana reaches Prometheus at (the compose service by default).",
-        check=_http_url,
+        check=http_url,
     )
     trace_backend: str = setting(
         "jaeger", "Trace backend the exemplar links open: jaeger or tempo.", check=one_of(*TRACE_BACKENDS)
@@ -52,7 +48,7 @@ class DashboardConfig:
         "inferwatch-traces", "Uid of the provisioned trace data source.", check=_uid_part
     )
     trace_url: str = setting(
-        "http://jaeger:16686", "URL Grafana reaches the trace backend's query API at.", check=_http_url
+        "http://jaeger:16686", "URL Grafana reaches the trace backend's query API at.", check=http_url
     )
     exemplar_label: str = setting(
         "trace_id", "Exemplar label that holds the trace id (the sidecar writes trace_id)."

@@ -14,6 +14,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from exporters.errors import ConfigError
 
@@ -47,6 +48,19 @@ def non_negative(value: Any) -> str | None:
 def ratio(value: Any) -> str | None:
     """Validator: a number between 0 and 1 inclusive."""
     return None if 0 <= value <= 1 else "must be between 0 and 1"
+
+
+def http_url(value: Any) -> str | None:
+    """Validator: an http:// or https:// URL with a host."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+    return None
+
+
+def optional_http_url(value: Any) -> str | None:
+    """Validator: empty (the feature is off) or an http:// or https:// URL with a host."""
+    return None if value == "" else http_url(value)
 
 
 def one_of(*allowed: str) -> Check:

@@ -8,7 +8,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from alert_rules.config import RulesConfig
 from alert_rules.engine_config import EngineConfig
@@ -18,21 +17,16 @@ from exporters.configuring import (
     FieldDoc,
     field_docs,
     from_mapping,
+    http_url,
     increasing,
     non_negative,
     one_of,
+    optional_http_url,
     positive,
     setting,
 )
 from exporters.errors import ConfigError
 from log_pipeline.config import LogConfig
-
-
-def _http_url(value: Any) -> str | None:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
-    return None
 
 
 def _host_port(value: Any) -> str | None:
@@ -48,15 +42,11 @@ def _header_name(value: Any) -> str | None:
     return None
 
 
-def _optional_url(value: Any) -> str | None:
-    return None if value == "" else _http_url(value)
-
-
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Section ``[serve]``: the proxy."""
 
-    upstream: str = setting("http://127.0.0.1:8000", "Base URL of the vLLM OpenAI server.", check=_http_url)
+    upstream: str = setting("http://127.0.0.1:8000", "Base URL of the vLLM OpenAI server.", check=http_url)
     listen: str = setting("127.0.0.1:9100", "HOST:PORT the sidecar listens on.", check=_host_port)
     connect_timeout_s: float = setting(
         5.0, "Seconds to wait for a TCP connection to the upstream.", check=positive
@@ -151,7 +141,7 @@ class TracingConfig:
 
     otlp_endpoint: str = setting(
         "", "OTLP/HTTP traces endpoint, e.g. http://127.0.0.1:4318/v1/traces; empty = export nothing.",
-        check=_optional_url,
+        check=optional_http_url,
     )
     service_name: str = setting("inferwatch", "service.name resource attribute of the sidecar's spans.")
 
