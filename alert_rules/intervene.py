@@ -4,6 +4,10 @@ Every rule reads the sidecar's own series (derived engine signals, request metri
 upstream process), never Prometheus' synthetic ``up``, so Prometheus and the embedded
 evaluator see exactly the same inputs. Thresholds are rendered as float literals from the
 config; an observed value equal to a threshold does not fire (strict ``>``) unless stated.
+
+Each alert is one definition: the rule, its runbook and its promtool scenario (inputs that make it
+fire and inputs that keep it quiet, built from the same config values as the rule). Adding an
+alert is one builder here, listed in ``BUILDERS``.
 """
 
 from __future__ import annotations
@@ -11,8 +15,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from alert_rules.config import RulesConfig
-from alert_rules.slo import error_outcomes
+from alert_rules.runbooks import KV_FIXES, ROLLBACK, SHED, Runbook
+from alert_rules.scenario import (
+    MODEL,
+    UPSTREAM,
+    Scenario,
+    Series,
+    above,
+    ceil_to,
+    counter_values,
+    first_eval_after,
+    gauge_values,
+    le_series,
+    ratio_traffic,
+    request_series,
+    step_for,
+    steps_needed,
+)
+from alert_rules.slo import error_outcomes, le_value
 from alert_rules.spec import AlertRule, RuleGroup, Severity, any_of, duration, number, selector
+from exporters import buckets
 from exporters.catalog.engine import ENGINE_BATCH_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_REQUESTS, KV_USAGE, SCRAPE_UP
 from exporters.catalog.gpu import GPU_MEMORY_TOTAL, GPU_MEMORY_USED
 from exporters.catalog.pipeline import LOG_RECORDS_DROPPED, LOG_RECORDS_LOST
@@ -26,7 +48,7 @@ DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
 M = "model_name"
 
 Builder = Callable[[RulesConfig, tuple[int, ...]], list[AlertRule]]
-"""An alert generator: ``(config, length bucket edges) -> alerts``."""
+"""An alert generator: ``(config, length bucket edges) -> alerts``, each with its runbook and scenario."""
 
 
 def _pct(ratio: float) -> str:
@@ -45,6 +67,12 @@ def _error_ratio(window_s: float, *matchers: tuple[str, str, str]) -> str:
     return f"sum by ({M}) (rate({bad}[{w}])) / sum by ({M}) (rate({every}[{w}]))"
 
 
+def _swapped_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(c.swap_for_s + 120, 60)
+    s = selector(ENGINE_REQUESTS.series, ("model_name", "=", MODEL), ("state", "=", "swapped"))
+    return Scenario(60, (Series(s, gauge_values(3, n)),), (Series(s, gauge_values(0, n)),), 0, {"model_name": MODEL})
+
+
 def swapping(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     """vLLM V0: requests stay swapped out to CPU memory without a break."""
     swapped = selector(ENGINE_REQUESTS.series, ("state", "=", "swapped"))
@@ -58,7 +86,23 @@ def swapping(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"Model {{{{ $labels.model_name }}}} has kept requests swapped out to CPU memory without a "
             f"break for {duration(config.swap_for_s)}: the KV cache is too small for the running batch."
         ),
+        runbook=Runbook(
+            "vLLM V0 keeps requests swapped out to CPU memory: the GPU KV cache cannot hold the running "
+            "batch, so requests stall while their blocks move across PCIe.",
+            ("KV cache usage and running/waiting requests on the engine "
+             "dashboard.", "Prompt length mix: did long prompts arrive (length_bucket panels)?"),
+            (*KV_FIXES, SHED),
+        ),
+        scenario=_swapped_scenario,
     )]
+
+
+def _preemption_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.preemption_window_s)
+    n = steps_needed(c.preemption_for_s + 4 * step, step)
+    s = selector(ENGINE_PREEMPTIONS.series, ("model_name", "=", MODEL))
+    return Scenario(step, (Series(s, counter_values(5, n)),), (Series(s, gauge_values(7, n)),), step,
+                    {"model_name": MODEL})
 
 
 def preemption(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -75,7 +119,41 @@ def preemption(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"{duration(config.preemption_for_s)}: the KV cache cannot hold the running batch, and "
             f"preempted requests are recomputed from scratch."
         ),
+        runbook=Runbook(
+            "The V1 engine preempted requests in every window: it runs out of KV blocks, throws away a "
+            "running request's cache and recomputes it later, so throughput collapses and latency grows.",
+            ("KV cache usage and the preemption rate per model.",
+             "Whether long prompts or large `max_tokens` values started recently."),
+            (*KV_FIXES, SHED),
+        ),
+        scenario=_preemption_scenario,
     )]
+
+
+def _latency_buckets(limit: float, slow: bool, steps: int) -> tuple[Series, ...]:
+    """E2E histogram series whose p99 is above ``limit`` (slow) or clearly below it."""
+    bounds = buckets.REQUEST_LATENCY
+    over = next((b for b in bounds if b > limit), None)
+    under = max((b for b in bounds if b < limit), default=None)
+    les: dict[str, float] = {}
+    if under is not None:
+        les[le_value(under)] = 0 if slow else 10
+    if over is not None:
+        les[le_value(over)] = 0 if slow else 10
+    les["+Inf"] = 10
+    if under is None and not slow:
+        raise ConfigError("rules", f"a latency limit of {limit:g} s is below every histogram bucket bound")
+    return le_series(E2E_LATENCY_SECONDS.bucket, MODEL, les, steps)
+
+
+def _latency_sla_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.sla_window_s)
+    n = steps_needed(c.sla_for_s + 4 * step, step)
+    limit = c.sla_factor * c.sla_for(MODEL)
+    if limit >= buckets.REQUEST_LATENCY[-1]:
+        raise ConfigError("rules.sla_factor", "x the SLA is above the latency histogram's highest bound", limit)
+    return Scenario(step, _latency_buckets(limit, True, n), _latency_buckets(limit, False, n), step,
+                    {"model_name": MODEL})
 
 
 def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -99,7 +177,26 @@ def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
             f"{duration(config.sla_window_s)} has stayed above {config.sla_factor:g} x its SLA ({table}) "
             f"for {duration(config.sla_for_s)}."
         ),
+        runbook=Runbook(
+            "P99 end-to-end latency has been far above the model's SLA: users wait much longer than promised.",
+            ("Queue length and time in queue versus prefill/decode split (is it waiting or computing?).",
+             "Preemptions, KV cache usage and GPU utilisation.", "Traffic volume and prompt lengths."),
+            ("Shed load or add replicas when the queue is long.", *KV_FIXES[:2],
+             "Separate long prompts into their own queue (chunked prefill or a dedicated replica).", ROLLBACK),
+        ),
+        scenario=_latency_sla_scenario,
     )]
+
+
+def _gpu_memory_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(c.gpu_memory_for_s + 120, 60)
+    gpu = (("gpu", "=", "0"), ("uuid", "=", "GPU-0"))
+    total = Series(selector(GPU_MEMORY_TOTAL.series, *gpu), gauge_values(80e9, n))
+    used = selector(GPU_MEMORY_USED.series, *gpu)
+    return Scenario(
+        60, (total, Series(used, gauge_values(80e9 * above(c.gpu_memory_ratio), n))),
+        (total, Series(used, gauge_values(80e9 * c.gpu_memory_ratio / 2, n))), 0, {"gpu": "0", "uuid": "GPU-0"},
+    )
 
 
 def gpu_memory(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -114,7 +211,40 @@ def gpu_memory(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) has used more than "
             f"{_pct(config.gpu_memory_ratio)} of its memory for {duration(config.gpu_memory_for_s)}."
         ),
+        runbook=Runbook(
+            "GPU framebuffer memory has stayed above the configured share: new allocations (CUDA graphs, "
+            "another process, a bigger batch) may fail with out-of-memory errors.",
+            ("`nvidia-smi` or the GPU dashboard: which processes hold memory.",
+             "Whether vLLM's `--gpu-memory-utilization` leaves room for other processes on the GPU."),
+            ("Lower `--gpu-memory-utilization`, `--max-num-seqs` or `--max-model-len`.",
+             "Use an fp8 KV cache (`--kv-cache-dtype fp8`).", "Move other processes off the GPU.", ROLLBACK),
+        ),
+        scenario=_gpu_memory_scenario,
     )]
+
+
+def _breaker_scenario(ratio_firing: float, ratio_quiet: float, c: RulesConfig, alert: AlertRule) -> Scenario:
+    step = step_for(c.breaker_window_s)
+    fire_at = step + ceil_to(c.breaker_for_s, step)
+    stop = fire_at + 2 * step
+    keep = alert.keep_firing_for_s
+    end = (stop + c.breaker_window_s + keep + 2 * step) if keep else stop
+    n = steps_needed(end, step)
+    firing = request_series(MODEL, *ratio_traffic(ratio_firing), (stop // step) if keep else n)
+    quiet = request_series(MODEL, *ratio_traffic(ratio_quiet), n)
+    # After the last sample at ``stop``, rate() needs two samples in [t - window, t]: false from here.
+    false_from = first_eval_after(stop - step + c.breaker_window_s, step) if keep else None
+    return Scenario(step, firing, quiet, step, {"model_name": MODEL}, false_from)
+
+
+def _degrade_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    between = (c.degrade_error_ratio + c.rollback_error_ratio) / 2
+    firing = between if c.degrade_error_ratio < c.rollback_error_ratio else above(c.degrade_error_ratio)
+    return _breaker_scenario(firing, c.degrade_error_ratio / 2, c, alert)
+
+
+def _rollback_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    return _breaker_scenario(above(c.rollback_error_ratio), c.rollback_error_ratio / 2, c, alert)
 
 
 def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -134,6 +264,15 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
             f"{_pct(config.degrade_error_ratio)} or a p99 latency above {config.degrade_p99_s:g} s over "
             f"{w} for {duration(config.breaker_for_s)}."
         ),
+        runbook=Runbook(
+            "A model's error ratio or p99 latency crossed the degrade level of the circuit breaker: "
+            "serve less, or serve it more cheaply, before it gets worse.",
+            ("Errors by outcome (upstream_error, timeout, overloaded) and by length bucket.",
+             "Upstream logs for tracebacks; queue length and preemptions."),
+            (SHED, "Lower `--max-num-seqs` to trade throughput for latency.",
+             "Route long prompts to a separate queue; cap `max_tokens` at the gateway."),
+        ),
+        scenario=_degrade_scenario,
     )
     rollback = AlertRule(
         name="InferwatchCircuitBreakerRollback",
@@ -147,8 +286,29 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
             f"Model {{{{ $labels.model_name }}}} has had an error ratio above "
             f"{_pct(config.rollback_error_ratio)} over {w} for {duration(config.breaker_for_s)}."
         ),
+        runbook=Runbook(
+            "A model's error ratio crossed the rollback level of the circuit breaker: too many requests "
+            "fail. This alert inhibits the degrade alert of the same model.",
+            ("What changed last (model, vLLM version, flags, traffic).",
+             "Upstream logs and the failing requests' traces (trace_id in the logs)."),
+            (ROLLBACK, SHED, "Fail over to another replica or a previous model version."),
+        ),
+        scenario=_rollback_scenario,
     )
     return [degrade, rollback]
+
+
+def _oom_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.oom_window_s, cap=5)
+    s = selector(PROCESS_OOM_EVENTS.series, ("source", "=", "response_body"))
+    jump = 3 * step
+    n_before = jump // step
+    after = steps_needed(c.oom_window_s + 2 * step, step)
+    firing = f"0x{n_before - 1} {c.oom_count}x{after}"
+    quiet = f"0x{n_before - 1} {c.oom_count - 1}x{after}"
+    # The jump lands at ``jump``; the window [t - w, t] sees both values until t - w passes ``jump - step``.
+    false_from = first_eval_after(jump - step + c.oom_window_s, step)
+    return Scenario(step, (Series(s, firing),), (Series(s, quiet),), jump, {}, false_from)
 
 
 def oom_burst(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -168,7 +328,25 @@ def oom_burst(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"{config.oom_count} or more out-of-memory events of the upstream within {w}: requests are "
             f"failing and the server may be about to crash."
         ),
+        runbook=Runbook(
+            "Several out-of-memory errors happened within seconds: requests fail and the server may crash "
+            "or restart.",
+            ("Upstream logs around the events: CUDA OOM, host OOM killer (exit status 137)?",
+             "GPU and process memory panels; prompt lengths of the failing requests."),
+            ("Lower `--max-num-seqs` and `--max-num-batched-tokens`.", "Use an fp8 KV cache.",
+             "Lower `--gpu-memory-utilization` when something else shares the GPU.", SHED, ROLLBACK),
+        ),
+        scenario=_oom_scenario,
     )]
+
+
+def _leak_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.leak_window_s)
+    n = steps_needed(c.leak_for_s + 4 * step, step)
+    base = 4e9
+    growth = base * 2 * c.leak_growth_per_hour * step / 3600  # twice the threshold's growth per step
+    s = PROCESS_RESIDENT_MEMORY.series
+    return Scenario(step, (Series(s, counter_values(growth, n, base)),), (Series(s, gauge_values(base, n)),), step)
 
 
 def memory_leak(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -185,7 +363,26 @@ def memory_leak(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
             f"Resident memory of the upstream has grown faster than {_pct(config.leak_growth_per_hour)} "
             f"per hour over {w} for {duration(config.leak_for_s)}: a leak will end in an OOM kill."
         ),
+        runbook=Runbook(
+            "The upstream process's resident memory has grown steadily: a leak that ends in an OOM kill.",
+            ("Process memory panel over the last hours; whether it tracks traffic or grows at rest.",
+             "vLLM version and known leak reports; tokenizer or multimodal caches."),
+            ("Plan a rolling restart before memory runs out.", ROLLBACK),
+        ),
+        scenario=_leak_scenario,
     )]
+
+
+def _long_context_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
+    step = step_for(c.long_context_window_s)
+    n = steps_needed(c.long_context_for_s + 4 * step, step)
+    long_bucket = long_length_buckets(edges, above=c.long_context_tokens)[0]
+    short_bucket = length_bucket_labels(edges)[0]
+    # Plenty of healthy short traffic: averaged together, the long prompts' failures would vanish.
+    short = request_series(MODEL, 10**6, 0, n, short_bucket)
+    firing = short + request_series(MODEL, *ratio_traffic(above(c.long_context_error_ratio), 1000), n, long_bucket)
+    quiet = short + request_series(MODEL, *ratio_traffic(c.long_context_error_ratio / 2, 1000), n, long_bucket)
+    return Scenario(step, firing, quiet, step, {"model_name": MODEL})
 
 
 def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]:
@@ -213,7 +410,21 @@ def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]
             f"failed over {duration(config.long_context_window_s)}, for "
             f"{duration(config.long_context_for_s)}."
         ),
+        runbook=Runbook(
+            "Requests with long prompts fail far more often than the rest; the overall error ratio hides it.",
+            ("Errors by length bucket and outcome (timeouts? OOM?).", "`--max-model-len` and KV cache size."),
+            ("Send long prompts to a separate queue or replica.", "Enable chunked prefill.",
+             "Use an fp8 KV cache.", "Raise the timeouts for long prompts, or cap prompt length at the gateway."),
+        ),
+        scenario=_long_context_scenario,
     )]
+
+
+def _queue_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(c.queue_for_s + 120, 60)
+    s = selector(ENGINE_REQUESTS.series, ("model_name", "=", MODEL), ("state", "=", "waiting"))
+    return Scenario(60, (Series(s, gauge_values(c.queue_waiting * 2 + 1, n)),),
+                    (Series(s, gauge_values(c.queue_waiting / 2, n)),), 0, {"model_name": MODEL})
 
 
 def queue(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -229,7 +440,22 @@ def queue(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"More than {config.queue_waiting:g} requests to model {{{{ $labels.model_name }}}} have been "
             f"waiting to be scheduled for {duration(config.queue_for_s)}."
         ),
+        runbook=Runbook(
+            "Requests pile up in the scheduler's waiting queue: the engine is saturated.",
+            ("Running batch size versus `--max-num-seqs`; KV cache usage; traffic volume.",),
+            (SHED, "Add replicas.", "Raise `--max-num-seqs` only if the KV cache has headroom.",
+             "Use an fp8 KV cache to fit more sequences."),
+        ),
+        scenario=_queue_scenario,
     )]
+
+
+def _upstream_down_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = 60 if c.upstream_down_for_s % 60 == 0 else 15
+    n = steps_needed(c.upstream_down_for_s + 2 * step, step)
+    s = selector(SCRAPE_UP.series, ("upstream", "=", UPSTREAM))
+    return Scenario(step, (Series(s, gauge_values(0, n)),), (Series(s, gauge_values(1, n)),), 0,
+                    {"upstream": UPSTREAM})
 
 
 def upstream_down(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -244,7 +470,21 @@ def upstream_down(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRul
             f"Every scrape of {{{{ $labels.upstream }}}}/metrics has failed for "
             f"{duration(config.upstream_down_for_s)}: the server is down, hung or unreachable."
         ),
+        runbook=Runbook(
+            "The sidecar cannot scrape the upstream's /metrics: the vLLM server is down, hung or unreachable.",
+            ("Is the process alive? Its logs (startup errors, OOM kill)?",
+             "`curl` the upstream's /health and /metrics from the sidecar's host."),
+            ("Restart the server.", ROLLBACK, "Fail traffic over to another replica."),
+        ),
+        scenario=_upstream_down_scenario,
     )]
+
+
+def _kv_cache_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(c.kv_cache_for_s + 120, 60)
+    s = selector(KV_USAGE.series, ("model_name", "=", MODEL))
+    return Scenario(60, (Series(s, gauge_values(above(c.kv_cache_ratio), n)),),
+                    (Series(s, gauge_values(c.kv_cache_ratio / 2, n)),), 0, {"model_name": MODEL})
 
 
 def kv_cache(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -259,7 +499,23 @@ def kv_cache(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"KV cache usage of model {{{{ $labels.model_name }}}} has stayed above "
             f"{_pct(config.kv_cache_ratio)} for {duration(config.kv_cache_for_s)}; preemptions follow."
         ),
+        runbook=Runbook(
+            "The KV cache has stayed nearly full: the next burst will preempt requests.",
+            ("Preemptions, running and waiting requests.", "Prompt length mix."),
+            KV_FIXES,
+        ),
+        scenario=_kv_cache_scenario,
     )]
+
+
+def _log_drops_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.log_drops_window_s)
+    n = steps_needed(4 * step, step)
+    full = Series(selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "queue_full")), counter_values(10, n))
+    flat = Series(full.series, gauge_values(4, n))
+    # Sampling drops are by design: they never alert.
+    sampled = Series(selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "sampling")), counter_values(50, n))
+    return Scenario(step, (full, sampled), (flat, sampled), step)
 
 
 def log_drops(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -275,7 +531,33 @@ def log_drops(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             f"The sidecar's log pipeline dropped records because its queue was full, or lost queued "
             f"records because writing failed, within the last {w}: request logs have gaps."
         ),
+        runbook=Runbook(
+            "The log pipeline dropped records: its queue was full or its writer failed, so request logs "
+            "have gaps.",
+            ("The sidecar's log-pipeline metrics (queue depth, write errors) and disk space.",),
+            ("Free disk space or raise the queue size.", "Lower the success sampling rate."),
+        ),
+        scenario=_log_drops_scenario,
     )]
+
+
+def _batch_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    bounds = ENGINE_BATCH_REQUESTS.buckets or ()
+    if not bounds or not bounds[0] < c.max_num_seqs <= bounds[-1]:
+        raise ConfigError(
+            "rules.max_num_seqs",
+            f"must lie above {bounds[0]:g} and at most {bounds[-1]:g}, the batch-size histogram's bounds",
+            c.max_num_seqs,
+        )
+    step = step_for(c.batch_window_s)
+    n = steps_needed(c.batch_window_s + 4 * step, step)
+    les = [le_value(b) for b in bounds] + ["+Inf"]
+    small = dict.fromkeys(les, 10.0)  # every batch of one request: p75 <= the lowest bound
+    full = {le: (10.0 if le == "+Inf" else 0.0) for le in les}  # every batch above the top bound
+    return Scenario(
+        step, le_series(ENGINE_BATCH_REQUESTS.bucket, MODEL, small, n),
+        le_series(ENGINE_BATCH_REQUESTS.bucket, MODEL, full, n), step, {"model_name": MODEL},
+    )
 
 
 def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
@@ -298,6 +580,14 @@ def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule
             f"{{{{ $labels.model_name }}}} has stayed below max_num_seqs ({config.max_num_seqs}) for "
             f"{w}; consider --max-num-seqs {suggested} (+{(config.batch_raise_factor - 1) * 100:g} %)."
         ),
+        runbook=Runbook(
+            "Advice, never a page: the running batch stays below `--max-num-seqs`; the alert suggests "
+            "raising it by the configured factor (labels `max_num_seqs` and `suggested_max_num_seqs`).",
+            ("KV cache usage: raising the limit only helps while the cache has headroom.",
+             "Whether requests wait in the queue."),
+            ("Raise `--max-num-seqs` to the suggested value at the next deploy and watch preemptions.",),
+        ),
+        scenario=_batch_scenario,
     )]
 
 

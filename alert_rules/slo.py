@@ -9,6 +9,8 @@ bounded by the number of models, not by the number of raw series.
 
 A recorded sum of counters drops when one of its series disappears (the sidecar restarts and
 all of them reset together, which ``rate()`` handles as one reset).
+
+Each SLO carries the promtool scenario of its burn alerts; their runbooks are written here too.
 """
 
 from __future__ import annotations
@@ -18,8 +20,19 @@ from dataclasses import dataclass
 from prometheus_client.utils import floatToGoString
 
 from alert_rules.config import RulesConfig
+from alert_rules.runbooks import KV_FIXES, ROLLBACK, SHED, Runbook
+from alert_rules.scenario import (
+    MODEL,
+    Scenario,
+    ScenarioBuilder,
+    Series,
+    counter_values,
+    ratio_traffic,
+    request_series,
+    steps_needed,
+)
 from alert_rules.spec import AlertRule, RecordingRule, RuleGroup, Severity, any_of, duration, number, selector
-from alert_rules.windows import WINDOW_PAIRS, WindowPair, threshold, windows_used
+from alert_rules.windows import WINDOW_PAIRS, WindowPair, budget, threshold, windows_used
 from exporters import buckets
 from exporters.catalog.recordings import SLO_BAD_EVENTS, SLO_EVENTS, slo_error_ratio
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
@@ -51,12 +64,42 @@ def error_ratio_name(window_s: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Slo:
-    """One SLO: its name, the PromQL of all events and of bad events (counters, summed per model)."""
+    """One SLO: its name, the PromQL of all events and of bad events (counters, summed per model).
+
+    ``bad_requests`` names the bad events in the runbooks; ``scenario`` tests its burn alerts.
+    """
 
     name: str
     title: str
     events: str
     bad_events: str
+    bad_requests: str
+    scenario: ScenarioBuilder
+
+
+def _availability_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(600, 60)
+    quiet_ratio = budget(c.slo_objective) / 2
+    return Scenario(60, request_series(MODEL, *ratio_traffic(0.5), n),
+                    request_series(MODEL, *ratio_traffic(float(quiet_ratio), 10**6), n), 60,
+                    {"model_name": MODEL, "slo": "availability"})
+
+
+def _latency_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    n = steps_needed(600, 60)
+    le = le_value(c.slo_latency_threshold_s)
+    quiet_ratio = float(budget(c.slo_objective) / 2)
+
+    def series(bad_ratio: float) -> tuple[Series, ...]:
+        total = 10**6
+        fast = total - round(total * bad_ratio)
+        model = ("model_name", "=", MODEL)
+        return (
+            Series(selector(E2E_LATENCY_SECONDS.count, model), counter_values(total, n)),
+            Series(selector(E2E_LATENCY_SECONDS.bucket, model, ("le", "=", le)), counter_values(fast, n)),
+        )
+
+    return Scenario(60, series(0.5), series(quiet_ratio), 60, {"model_name": MODEL, "slo": "latency"})
 
 
 def availability() -> Slo:
@@ -64,7 +107,8 @@ def availability() -> Slo:
     total = f"sum by ({BY}) ({REQUESTS.series})"
     errors = f"sum by ({BY}) ({selector(REQUESTS.series, ('outcome', '=~', any_of(error_outcomes())))})"
     # A model without any error series yet still gets a 0, so its first error is counted.
-    return Slo("availability", "availability", total, f"{errors} or ({total} * 0)")
+    return Slo("availability", "availability", total, f"{errors} or ({total} * 0)", "failing requests",
+               _availability_scenario)
 
 
 def latency(threshold_s: float) -> Slo:
@@ -78,7 +122,8 @@ def latency(threshold_s: float) -> Slo:
         )
     total = f"sum by ({BY}) ({E2E_LATENCY_SECONDS.count})"
     fast = f"sum by ({BY}) ({selector(E2E_LATENCY_SECONDS.bucket, ('le', '=', le_value(threshold_s)))})"
-    return Slo("latency", f"latency (requests slower than {threshold_s:g} s)", total, f"{total} - {fast}")
+    return Slo("latency", f"latency (requests slower than {threshold_s:g} s)", total, f"{total} - {fast}",
+               "slow requests", _latency_scenario)
 
 
 def slos(config: RulesConfig) -> tuple[Slo, ...]:
@@ -115,6 +160,31 @@ def _describe(pair: WindowPair, config: RulesConfig) -> str:
     )
 
 
+_BURN_CHECKS = (
+    "Check which outcome or length bucket carries the errors, and what changed last.",
+    "Look at queue length, preemptions and KV cache usage for saturation.",
+)
+
+
+def _burn_runbook(slo: Slo, severity: Severity) -> Runbook:
+    """A page: the budget will be gone in hours to days; a ticket: the SLO will be missed this period."""
+    bad = slo.bad_requests.capitalize()
+    if severity is Severity.CRITICAL:
+        return Runbook(
+            f"{bad} are spending the {slo.name} error budget so fast that, at this pace, "
+            f"it will be gone in hours to days (multi-window burn rate: 14.4x over 1h and 5m, or 6x over "
+            f"6h and 30m).",
+            _BURN_CHECKS,
+            (ROLLBACK, SHED, *KV_FIXES[:2], "Send long prompts to a separate queue."),
+        )
+    return Runbook(
+        f"{bad} spend the {slo.name} error budget at least as fast as it accrues "
+        f"(1x over 3d and 6h): the SLO will be missed by the end of the period.",
+        _BURN_CHECKS,
+        ("Find and fix the steady source of bad requests in working hours.", *KV_FIXES[:2]),
+    )
+
+
 def burn_alerts(config: RulesConfig) -> tuple[AlertRule, ...]:
     """A page and a ticket alert per SLO, each the OR of its window pairs."""
     alerts: list[AlertRule] = []
@@ -138,6 +208,8 @@ def burn_alerts(config: RulesConfig) -> tuple[AlertRule, ...]:
                     f"Model {{{{ $labels.model_name }}}} misses its {slo.title} SLO of {objective} "
                     f"over {config.slo_period_days} days at {conditions}."
                 ),
+                runbook=_burn_runbook(slo, severity),
+                scenario=slo.scenario,
             ))
     return tuple(alerts)
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alert_rules.runbooks import Runbook
+    from alert_rules.scenario import ScenarioBuilder
 
 _ALERT_NAME = re.compile(r"^Inferwatch[A-Z][A-Za-z0-9]*$")
 _RECORD_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -64,13 +68,20 @@ class RecordingRule:
 
 @dataclass(frozen=True, slots=True)
 class AlertRule:
-    """An alerting rule with everything on-call needs: severity, text and a runbook anchor."""
+    """An alerting rule with everything on-call needs, and its test: one definition per alert.
+
+    ``runbook`` (what it means, what to check, how to intervene) and ``scenario`` (the promtool
+    inputs that make it fire and keep it quiet) are required, so an alert cannot exist without
+    either. Neither appears in the rule file.
+    """
 
     name: str
     expr: str
     severity: Severity
     summary: str
     description: str
+    runbook: Runbook = field(repr=False)
+    scenario: ScenarioBuilder = field(repr=False)
     for_s: float = 0.0
     keep_firing_for_s: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)

@@ -19,7 +19,7 @@ from exporters.errors import ConfigError
 
 EDGES = (512, 2048, 8192, 32768)
 OWN_MODULES = ("spec", "config", "windows", "slo", "intervene", "annotate", "render", "alertmanager",
-               "testgen", "runbooks", "build")
+               "scenario", "testgen", "runbooks", "build")
 
 
 def _rules(config: RulesConfig | None = None) -> list[dict[str, object]]:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from alert_rules.config import RulesConfig
+from alert_rules.runbooks import Runbook
+from alert_rules.scenario import Scenario, Series
 from alert_rules.spec import AlertRule, RecordingRule, RuleGroup, Severity, any_of, duration, number, selector
 
 
@@ -41,12 +44,31 @@ def test_any_of_refuses_regex_metacharacters() -> None:
         any_of(("a.b",))
 
 
+def _scenario(_config: RulesConfig, _alert: AlertRule, _edges: tuple[int, ...]) -> Scenario:
+    series = (Series("x", "1x3"),)
+    return Scenario(60, series, series, 0)
+
+
 def _alert(**changes: object) -> AlertRule:
     base: dict[str, object] = {
         "name": "InferwatchX", "expr": "vector(1)", "severity": Severity.INFO,
         "summary": "Something happened.", "description": "Details.",
+        "runbook": Runbook("It happened.", ("Look.",), ("Fix it.",)), "scenario": _scenario,
     }
     return AlertRule(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_an_alert_without_scenario_cannot_be_defined() -> None:
+    """The promtool scenario is a required field, so an untested alert fails where it is written."""
+    with pytest.raises(TypeError, match="scenario"):
+        AlertRule(name="InferwatchX", expr="vector(1)", severity=Severity.INFO,  # type: ignore[call-arg]
+                  summary="Something happened.", description="Details.",
+                  runbook=Runbook("It happened.", ("Look.",), ("Fix it.",)))
+
+
+def test_runbook_and_scenario_stay_out_of_the_rule_file() -> None:
+    """The rule dict Prometheus reads has no trace of the runbook or the scenario."""
+    assert set(_alert().to_dict()) == {"alert", "expr", "labels", "annotations"}
 
 
 def test_alert_names_need_the_shared_prefix() -> None:
