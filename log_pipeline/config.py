@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporters.configuring import non_negative, positive, ratio, setting
+from exporters.configuring import non_negative, optional_http_url, positive, ratio, setting
 
 
 def _level(value: Any) -> str | None:
@@ -77,4 +77,22 @@ class LogConfig:
     )
     capture_prompt_hash: bool = setting(
         False, "Add a SHA-256 of the prompt and its length in characters to each record (never the text).",
+    )
+    otlp_endpoint: str = setting(
+        "", "OTLP/HTTP logs endpoint that also receives the kept records, with their trace and span ids, e.g. "
+        "http://127.0.0.1:4318/v1/logs (Loki 3, an OpenTelemetry Collector); empty = off. Headers, TLS and "
+        "compression follow the OTEL_EXPORTER_OTLP_LOGS_* environment variables.", check=optional_http_url,
+    )
+    otlp_queue_size: int = setting(
+        4096, "Records waiting for the OTLP logs backend; when full (backend slow or down) new ones are dropped "
+        "and counted.", check=positive,
+    )
+    otlp_batch_records: int = setting(512, "Most records sent to the OTLP logs backend in one request.",
+                                      check=positive)
+    otlp_flush_ms: float = setting(
+        1000.0, "A batch is sent at most this many milliseconds after its first record.", check=positive
+    )
+    otlp_timeout_s: float = setting(
+        5.0, "Seconds one OTLP logs request may take, retries included, before its batch is dropped.",
+        check=positive,
     )

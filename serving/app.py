@@ -21,12 +21,14 @@ from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
 from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
+from log_pipeline.shipper import RecordShipper
 from log_pipeline.sink import RecordSink
 from serving.admin import ADMIN_MOUNT, admin_app, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
+from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.signing import SignatureVerifier, load_key
@@ -44,6 +46,7 @@ READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
 SINK = web.AppKey("record_sink", RecordSink)
+SHIPPER = web.AppKey("record_shipper", RecordShipper)
 COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
 
 
@@ -81,6 +84,9 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
 
     sink = RecordSink(settings.logs, registry)
     app[SINK] = sink
+    shipper = otlp_shipper(settings.logs, settings.tracing.service_name, registry)
+    if shipper is not None:
+        app[SHIPPER] = shipper
 
     def observe_logs(record: RequestRecord, span: Span) -> None:
         event = event_from_record(record, sla_s=settings.rules.sla_for(record.model),
@@ -88,6 +94,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         decision = sink.decide(event)
         span.set_attribute(SPAN_ATTRIBUTE, decision.keep)
         sink.offer(event, decision)
+        if shipper is not None and decision.keep:
+            shipper.offer(event)  # the same kept records, to the user's log backend
 
     def observe_health(record: RequestRecord, _span: Span) -> None:
         if record.outcome.is_error and record.error_message and ENGINE_WATCH in app:
@@ -151,11 +159,18 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _record_sink(app: web.Application) -> AsyncIterator[None]:
-    """Start the log writer thread; at shutdown flush it (off the loop) so kept records are not lost."""
-    sink = app[SINK]
+    """Start the log writer (and OTLP sender) threads; at shutdown flush them off the loop so kept
+    records are not lost."""
+    sink, shipper = app[SINK], app.get(SHIPPER)
     sink.start()
+    if shipper is not None:
+        shipper.start()
     yield
-    await asyncio.get_running_loop().run_in_executor(None, sink.close, 5.0)
+    loop = asyncio.get_running_loop()
+    closing = [loop.run_in_executor(None, sink.close, 5.0)]
+    if shipper is not None:
+        closing.append(loop.run_in_executor(None, shipper.close, 5.0))
+    await asyncio.gather(*closing)
 
 
 async def _readiness_job(app: web.Application) -> AsyncIterator[None]:

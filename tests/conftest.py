@@ -86,13 +86,15 @@ def idle_tiny_kv_server(vllm_tiny_kv_server: servers.VllmServer) -> Iterator[ser
 def sidecar(
     vllm_server: servers.VllmServer, otlp_receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[servers.SidecarServer]:
-    """``inferwatch serve`` in front of ``vllm_server``, exporting its own spans to ``otlp_receiver``."""
+    """``inferwatch serve`` in front of ``vllm_server``, exporting its spans and kept request records to
+    ``otlp_receiver``."""
     work = tmp_path_factory.mktemp("sidecar")
     server = require(
         lambda: servers.start_sidecar(
             vllm_server.base_url, work,
             ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1",
-             "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200"],
+             "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
+             "--logs-otlp-endpoint", otlp_receiver.logs_endpoint, "--logs-otlp-flush-ms", "100"],
         )
     )
     yield server

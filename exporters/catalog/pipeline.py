@@ -61,9 +61,24 @@ LOG_SEGMENTS_DELETED = MetricSpec(
     "Archive segments deleted by retention, by reason (size, age).",
     ("reason",),
 )
+LOG_OTLP_RECORDS_EXPORTED = MetricSpec(
+    "inferwatch_log_otlp_records_exported", MetricType.COUNTER,
+    "Request records the OTLP logs backend accepted (logs.otlp_endpoint): the same records the archive keeps.",
+)
+LOG_OTLP_RECORDS_DROPPED = MetricSpec(
+    "inferwatch_log_otlp_records_dropped", MetricType.COUNTER,
+    "Kept request records that never reached the OTLP logs backend, by reason: queue_full (the backend is "
+    "slow or down and the bounded queue is full), export_failed (the backend refused a batch or could not be "
+    "reached before the export timeout), shutdown (still queued when the sidecar stopped).",
+    ("reason",),
+)
+LOG_OTLP_QUEUE_RECORDS = MetricSpec(
+    "inferwatch_log_otlp_queue_records", MetricType.GAUGE,
+    "Request records waiting to be sent to the OTLP logs backend.",
+)
 
 SPECS: tuple[MetricSpec, ...] = (
     LOG_RECORDS_SEEN, LOG_RECORDS_KEPT, LOG_RECORDS_DROPPED, LOG_RECORDS_LOST, LOG_QUEUE_RECORDS,
     LOG_QUEUE_CAPACITY, LOG_ARCHIVE_WRITTEN_BYTES, LOG_RAW_BYTES, LOG_ARCHIVED_RECORDS, LOG_FRAMES,
-    LOG_SEGMENTS, LOG_SEGMENTS_DELETED,
+    LOG_SEGMENTS, LOG_SEGMENTS_DELETED, LOG_OTLP_RECORDS_EXPORTED, LOG_OTLP_RECORDS_DROPPED, LOG_OTLP_QUEUE_RECORDS,
 )

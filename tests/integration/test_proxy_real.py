@@ -117,6 +117,40 @@ def test_trace_id_equals_vllm_span(sidecar: servers.SidecarServer, otlp_receiver
         assert vllm_spans[0].parent_span_id == ours[0].span_id, "vLLM's span must be a child of the sidecar's"
 
 
+def test_kept_request_records_reach_the_otlp_logs_backend(
+    sidecar: servers.SidecarServer, otlp_receiver: OtlpReceiver
+) -> None:
+    """Kept records arrive over OTLP logs carrying the trace id the client got and the sidecar span's id.
+
+    The success sample is decided by trace id (TraceIdRatioBased on its low 64 bits), so a request
+    continuing a trace whose low half is 1 is always kept, and one whose low half is all ones never is.
+    """
+    kept_id, unsampled_id = "5" * 16 + "0" * 15 + "1", "6" * 16 + "f" * 16
+    cases = [
+        ({"model": "tiny-llm", "prompt": "log me", "max_tokens": 4, "stream": True}, kept_id, True),
+        ({"model": "tiny-llm", "prompt": "not me", "max_tokens": 4}, unsampled_id, False),
+        ({"model": "no-such-model", "prompt": "x", "max_tokens": 4}, None, True),  # vLLM's 404: an error
+    ]
+    for body, trace_id, kept in cases:
+        headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"} if trace_id else {}
+        status, response_headers, _ = _post(f"{sidecar.base_url}/v1/completions", body, headers)
+        got = response_headers["x-trace-id"]
+        assert trace_id in (None, got)
+        records = otlp_receiver.logs_for(got, 30.0 if kept else 3.0)
+        if not kept:
+            assert status == 200
+            assert records == [], "a success outside the sample must not be sent"
+            continue
+        assert len(records) == 1, f"no OTLP log record for trace {got}"
+        record = records[0]
+        ours = otlp_receiver.wait_for(lambda s, t=got: s.service == "inferwatch" and s.trace_id == t, 30)
+        assert record.span_id == ours[0].span_id, "the record's span id is the sidecar's span"
+        assert record.attributes["http_status"] == status
+        # a model vLLM does not serve is recorded as "other" (the sidecar learned the served names)
+        assert record.attributes["model"] == ("tiny-llm" if body["model"] == "tiny-llm" else "other")
+        assert record.attributes["stream"] is bool(body.get("stream"))
+
+
 def test_invalid_traceparent_still_served(sidecar: servers.SidecarServer) -> None:
     """An invalid traceparent starts a new trace and the request is served."""
     status, headers, _ = _post(f"{sidecar.base_url}/v1/completions",

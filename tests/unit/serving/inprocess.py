@@ -45,7 +45,8 @@ class Sidecar:
 
 
 async def start_sidecar(
-    upstream: str, logs: Path, settings: cfg.Settings | None = None, **serve: Any
+    upstream: str, logs: Path, settings: cfg.Settings | None = None, *, success_sample_ratio: float = 1.0,
+    **serve: Any,
 ) -> tuple[Sidecar, web.AppRunner]:
     """Start the sidecar with short timeouts (``serve`` overrides them) and every record archived."""
     limits: dict[str, Any] = {"read_timeout_s": READ_TIMEOUT_S, "request_timeout_s": REQUEST_TIMEOUT_S,
@@ -53,7 +54,8 @@ async def start_sidecar(
                               "readiness_interval_s": 60.0}
     settings = cfg.replace(settings or cfg.defaults(), "serve", upstream=upstream, **{**limits, **serve})
     # every record kept, so the warm-up requests open the archive before the baseline is taken
-    settings = cfg.replace(settings, "logs", dir=str(logs), frame_max_ms=20.0, success_sample_ratio=1.0)
+    settings = cfg.replace(settings, "logs", dir=str(logs), frame_max_ms=20.0,
+                           success_sample_ratio=success_sample_ratio)
     settings = cfg.replace(settings, "scrape", enabled=False)
     registry = CollectorRegistry()
     app = build_app(settings, registry)
