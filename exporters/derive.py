@@ -1,4 +1,4 @@
-"""Pure derivations from parsed engine snapshots, in-flight token counts and GPU power.
+"""Pure derivations from parsed engine snapshots, in-flight token counts and GPU energy counters.
 
 Data-parallel engines are summed where a sum means something (requests, blocks, counters, time);
 KV usage is averaged weighted by each engine's block count. A value the inputs do not give stays
@@ -8,7 +8,7 @@ None: nothing is turned into a zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from exporters.inflight import InFlight
@@ -248,11 +248,27 @@ def counter_delta(previous: float | None, current: float | None) -> float | None
     return current if current < previous else current - previous
 
 
-def tokens_per_joule(
-    previous_tokens: float | None, current_tokens: float | None, seconds: float, watts: float | None
-) -> float | None:
-    """Generated tokens per second over power: ``(delta tokens / seconds) / watts`` (tokens per joule)."""
-    delta = counter_delta(previous_tokens, current_tokens)
-    if delta is None or watts is None or seconds <= 0 or watts <= 0:
+def energy_used(previous: Mapping[str, float | None], current: Mapping[str, float | None]) -> float | None:
+    """Joules the same GPUs used between two readings of their energy counters (GPU -> joules since driver load).
+
+    None, never a guess, when the GPU sets differ, a GPU has no reading at either end (counter not
+    supported, GPU lost, call failed) or a counter went backwards: after a driver reload the energy
+    used before the reload is unknown, and counting from zero would inflate tokens per joule.
+    """
+    if not current or set(previous) != set(current):
         return None
-    return delta / seconds / watts
+    total = 0.0
+    for gpu, now in current.items():
+        then = previous[gpu]
+        if then is None or now is None or now < then:
+            return None
+        total += now - then
+    return total
+
+
+def tokens_per_joule(previous_tokens: float | None, current_tokens: float | None, joules: float | None) -> float | None:
+    """Generated tokens per joule: the token counter's increase over the energy used in the same window."""
+    delta = counter_delta(previous_tokens, current_tokens)
+    if delta is None or joules is None or joules <= 0:
+        return None
+    return delta / joules

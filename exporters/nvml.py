@@ -237,11 +237,35 @@ class NvmlReader:
                 return GpuReading(index, self.uuid_of(index), up=False)
             return self._measure(index, handle)
         except _LostError:
-            self._lost.add(index)
-            with self._lock:
-                key = (index, "device", "NVMLError_GpuIsLost")
-                self._errors[key] = self._errors.get(key, 0) + 1
+            self._mark_lost_now(index)
             return GpuReading(index, self.uuid_of(index), up=False, name=self._static.get(index, ("", "", ""))[1])
+
+    def read_energy(self) -> tuple[tuple[int, str, float | None], ...]:
+        """(index, uuid, joules since driver load) of every GPU opened so far, from the energy counter alone.
+
+        Cheap enough to call with every engine scrape, so that energy and token deltas share a window.
+        None for a GPU that is lost (it is marked lost here if it just fell off the bus), that lacks the
+        counter (NVMLError_NotSupported before Volta: remembered and counted like any unsupported call)
+        or whose call failed this time.
+        """
+        out = []
+        for index, handle in sorted(self._handles.items()):
+            joules = None
+            if index not in self._lost:
+                try:
+                    energy = self._call(index, "nvmlDeviceGetTotalEnergyConsumption", handle)
+                except _LostError:
+                    self._mark_lost_now(index)
+                else:
+                    joules = energy / 1000 if energy is not None else None
+            out.append((index, self.uuid_of(index), joules))
+        return tuple(out)
+
+    def _mark_lost_now(self, index: int) -> None:
+        self._lost.add(index)
+        with self._lock:
+            key = (index, "device", "NVMLError_GpuIsLost")
+            self._errors[key] = self._errors.get(key, 0) + 1
 
     def _measure(self, index: int, h: Any) -> GpuReading:
         nv = self.nvml

@@ -47,15 +47,14 @@ from serving.config import Settings
 log = structlog.get_logger(__name__)
 
 
-def serving_watts(gpu: GpuSnapshot | None, selectors: list[str]) -> float | None:
-    """Summed power of the GPUs that serve the upstream (by UUID or index; all when empty)."""
-    if gpu is None:
-        return None
-    chosen = [
-        g for g in gpu.gpus
-        if g.up and g.power_watts is not None and (not selectors or g.uuid in selectors or str(g.index) in selectors)
-    ]
-    return sum(g.power_watts for g in chosen if g.power_watts is not None) if chosen else None
+def serving_energy(
+    readings: tuple[tuple[int, str, float | None], ...], selectors: list[str]
+) -> dict[str, float | None]:
+    """UUID -> energy counter (joules) of the GPUs that serve the upstream (by UUID or index; all when empty)."""
+    return {
+        uuid or str(index): joules for index, uuid, joules in readings
+        if not selectors or uuid in selectors or str(index) in selectors
+    }
 
 
 class EngineWatch:
@@ -91,7 +90,7 @@ class EngineWatch:
         self._failures: dict[str, int] = {}
         self._parse_errors = 0
         self._batch = SampledHistogram(ce.ENGINE_BATCH_REQUESTS.buckets or (1,))
-        self._previous: tuple[float, dict[str, float]] | None = None
+        self._previous: tuple[dict[str, float], dict[str, float | None]] | None = None
         self._scheduler: AsyncIOScheduler | None = None
 
     # ---- registration --------------------------------------------------------------------------
@@ -142,7 +141,8 @@ class EngineWatch:
         except aiohttp.ClientError:
             reason = "error"
         if text is not None:
-            self._publish(text, time.perf_counter() - started)
+            duration = time.perf_counter() - started
+            self._publish(text, duration, await self._serving_energy())
         else:
             self._fail(reason or "error", time.perf_counter() - started)
 
@@ -155,31 +155,45 @@ class EngineWatch:
             self._batch.histograms(),
         )
 
-    def _publish(self, text: str, duration: float) -> None:
+    async def _serving_energy(self) -> dict[str, float | None]:
+        """The serving GPUs' energy counters, read right after the scrape so both deltas share a window."""
+        reader = self._reader
+        if reader is None:
+            return {}
+        try:
+            readings = await asyncio.get_running_loop().run_in_executor(None, reader.read_energy)
+        except Exception:
+            log.exception("gpu_energy_read_crashed")
+            return {}
+        return serving_energy(readings, list(self.settings.gpu.serving_gpus))
+
+    def _publish(self, text: str, duration: float, energy: dict[str, float | None]) -> None:
         snapshot = parse_exposition(text)
         self._parse_errors += snapshot.parse_errors
         views = derive.model_views(snapshot)
         for view in views:
             if view.running is not None:
                 self._batch.observe(view.model, view.running)
-        tpj = self._tokens_per_joule(views)
+        tpj = self._tokens_per_joule(views, energy)
         self.latest_text, self.latest_snapshot = text, snapshot
         self.state = EngineState(
             self.upstream, snapshot, True, duration, tuple(sorted(self._failures.items())), self._parse_errors,
             time.time(), tpj, self._batch.histograms(),
         )
 
-    def _tokens_per_joule(self, views: list[derive.ModelView]) -> tuple[tuple[str, float], ...]:
-        now = time.monotonic()
+    def _tokens_per_joule(
+        self, views: list[derive.ModelView], energy: dict[str, float | None]
+    ) -> tuple[tuple[str, float], ...]:
+        """Each model's token increase over the serving GPUs' energy used since the last successful scrape."""
         tokens = {v.model: v.generation_tokens for v in views if v.generation_tokens is not None}
-        previous, self._previous = self._previous, (now, tokens)
-        watts = serving_watts(self.gpu, list(self.settings.gpu.serving_gpus))
-        if previous is None or watts is None:
+        previous, self._previous = self._previous, (tokens, energy)
+        if previous is None:
             return ()
-        then, before = previous
+        before, energy_before = previous
+        joules = derive.energy_used(energy_before, energy)
         out = []
         for model, count in sorted(tokens.items()):
-            value = derive.tokens_per_joule(before.get(model), count, now - then, watts)
+            value = derive.tokens_per_joule(before.get(model), count, joules)
             if value is not None:
                 out.append((model, value))
         return tuple(out)

@@ -118,9 +118,12 @@ GPU_PROCESS_MEMORY = MetricSpec(
 )
 GPU_TOKENS_PER_JOULE = MetricSpec(
     "inferwatch_gpu_tokens_per_joule", G,
-    "Energy efficiency of the upstream: generated tokens per second (delta of "
-    "inferwatch_engine_generation_tokens_total between the last two scrapes / seconds between them) "
-    "divided by the summed power draw in watts of the GPUs that serve it (gpu.serving_gpus; all by default).",
+    "Energy efficiency of the upstream over the window between the last two successful scrapes: the "
+    "increase of inferwatch_engine_generation_tokens_total divided by the joules the GPUs that serve it "
+    "(gpu.serving_gpus; all by default) used meanwhile, from nvmlDeviceGetTotalEnergyConsumption "
+    "(mJ / 1000) read with each scrape. Absent, never 0, when a serving GPU has no energy counter "
+    "(NVMLError_NotSupported, before Volta) or is lost, when a counter went backwards (driver reload: "
+    "that window is skipped), or when no energy was used.",
     ("model_name",), "tokens_per_joule",
 )
 GPU_EXPORTER_UP = MetricSpec(

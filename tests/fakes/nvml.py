@@ -3,8 +3,9 @@
 
 It raises pynvml's *real* exception classes (importable without a driver) and re-exports its real
 constants, so the exporter's ``except`` clauses are exercised for real. Time is a number the test
-advances with :meth:`FakeNvml.advance`: power integrates into the energy counter and memory grows
-at each GPU's ``growth_bytes_per_s``. Nothing sleeps.
+advances with :meth:`FakeNvml.advance`: the energy counter advances at each GPU's ``energy_rate_mw``
+(its power reading when unset) and memory grows at its ``growth_bytes_per_s``;
+:meth:`FakeNvml.reload_driver` starts every energy counter again from zero. Nothing sleeps.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class FakeGpu:
     power_mw: int = 350_000
     limit_mw: int = 700_000
     energy_mj: float = 1_000_000.0
+    energy_rate_mw: float | None = None
+    """Millijoules per second the energy counter gains; None: the power reading (``power_mw``)."""
     temperature: int = 45
     sm_mhz: int = 1980
     mem_mhz: int = 3201
@@ -76,12 +79,17 @@ class FakeNvml:
 
     # ---- test controls -------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
-        """Move time on: energy += power x dt, memory += growth x dt."""
+        """Move time on: energy += energy rate (else power) x dt, memory += growth x dt."""
         self.now += seconds
         for gpu in self.gpus:
             if not gpu.lost:
-                gpu.energy_mj += gpu.power_mw * seconds
+                gpu.energy_mj += (gpu.power_mw if gpu.energy_rate_mw is None else gpu.energy_rate_mw) * seconds
                 gpu.used = min(gpu.total - gpu.reserved, int(gpu.used + gpu.growth_bytes_per_s * seconds))
+
+    def reload_driver(self) -> None:
+        """The driver is reloaded: every energy counter (millijoules since driver load) starts from zero."""
+        for gpu in self.gpus:
+            gpu.energy_mj = 0.0
 
     def lose(self, index: int) -> None:
         """The GPU falls off the bus: an XID 79 is queued and every later call raises GpuIsLost."""

@@ -8,6 +8,7 @@ import pytest
 
 from exporters.derive import (
     counter_delta,
+    energy_used,
     fragmentation,
     kv_usage_and_used,
     prefill_decode_split,
@@ -74,7 +75,28 @@ def test_counter_delta_handles_a_restart() -> None:
 
 
 def test_tokens_per_joule() -> None:
-    """600 tokens in 2 s at 150 W is 2 tokens per joule; zero power gives None."""
-    assert tokens_per_joule(1000, 1600, 2.0, 150.0) == 2.0
-    assert tokens_per_joule(1000, 1600, 2.0, 0.0) is None
-    assert math.isclose(tokens_per_joule(0, 300, 1.0, 300.0) or 0, 1.0)
+    """600 tokens for 300 J is 2 tokens per joule; no energy used or no reading gives None, never 0 or inf."""
+    assert tokens_per_joule(1000, 1600, 300.0) == 2.0
+    assert tokens_per_joule(1000, 1600, 0.0) is None
+    assert tokens_per_joule(1000, 1600, None) is None
+    assert tokens_per_joule(None, 1600, 300.0) is None
+    assert math.isclose(tokens_per_joule(1000, 300, 300.0) or 0, 1.0)  # the token counter restarted
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "expected"),
+    [
+        ({"a": 100.0, "b": 50.0}, {"a": 160.0, "b": 90.0}, 100.0),
+        ({"a": 100.0, "b": 50.0}, {"a": 160.0, "b": None}, None),
+        ({"a": 100.0, "b": None}, {"a": 160.0, "b": 90.0}, None),
+        ({"a": 100.0, "b": 50.0}, {"a": 160.0, "b": 10.0}, None),
+        ({"a": 100.0}, {"a": 160.0, "b": 90.0}, None),
+        ({}, {}, None),
+    ],
+    ids=["summed over the GPUs", "a GPU lost or unsupported now", "no reading before",
+         "a counter went backwards (driver reload)", "another set of GPUs", "no GPUs"],
+)
+def test_energy_used(previous: dict[str, float | None], current: dict[str, float | None],
+                     expected: float | None) -> None:
+    """Energy used is the sum of the counters' increases, and unknown (None) whenever a GPU's is."""
+    assert energy_used(previous, current) == expected

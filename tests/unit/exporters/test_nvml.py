@@ -94,6 +94,39 @@ def test_memory_growth_and_energy_follow_the_clock() -> None:
     assert second.energy_joules - first.energy_joules == pytest.approx(3500.0)
 
 
+def test_read_energy_reads_only_the_energy_counter() -> None:
+    """read_energy gives each opened GPU's joules since driver load, advancing at the counter's own rate."""
+    fake = FakeNvml(2)
+    fake.gpus[1].energy_rate_mw = 100_000
+    reader = _reader(fake)
+    reader.read()
+    before = fake.calls.copy()
+    first = reader.read_energy()
+    fake.advance(10)
+    second = reader.read_energy()
+    assert [(i, uuid) for i, uuid, _ in second] == [(0, fake.gpus[0].uuid), (1, fake.gpus[1].uuid)]
+    assert [b[2] - a[2] for a, b in zip(first, second, strict=True)] == pytest.approx([3500.0, 1000.0])
+    assert set(fake.calls - before) == {"nvmlDeviceGetTotalEnergyConsumption"}
+
+
+def test_read_energy_marks_an_unsupported_counter_and_a_lost_gpu() -> None:
+    """NotSupported gives None and is counted once and not retried; GpuIsLost gives None and marks the GPU down."""
+    fake = FakeNvml(3)
+    fake.gpus[1].unsupported.add("nvmlDeviceGetTotalEnergyConsumption")
+    reader = _reader(fake)
+    reader.read()
+    fake.lose(2)
+    for _ in range(2):
+        readings = reader.read_energy()
+        assert [joules is None for _, _, joules in readings] == [False, True, True]
+    snap = reader.read()
+    assert (1, fake.gpus[1].uuid, "nvmlDeviceGetTotalEnergyConsumption", 1) in snap.unsupported
+    # The first read asks all three; later only GPU 0 is asked, plus GPU 2 once, when it is found lost.
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 3 + 2 + 1 + 1
+    assert not snap.gpus[2].up
+    assert (2, fake.gpus[2].uuid, "device", "NVMLError_GpuIsLost", 1) in snap.errors
+
+
 @pytest.mark.parametrize(
     "error", [pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded, pynvml.NVMLError_NoPermission],
     ids=["no library", "no driver", "no permission"],

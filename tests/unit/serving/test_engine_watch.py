@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.catalog import engine as ce
 from exporters.catalog import gpu as cg
 from serving.config import defaults, replace
-from serving.engine_watch import ENGINE_WATCH, EngineWatch, engine_watch_ctx, serving_watts
+from serving.engine_watch import ENGINE_WATCH, EngineWatch, engine_watch_ctx, serving_energy
 from tests.fakes.nvml import FakeNvml
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -111,14 +113,118 @@ async def test_no_nvml_disables_the_gpu_exporter_and_the_rest_runs(aiohttp_serve
     assert f'{ce.SCRAPE_UP.name}{{upstream="{upstream}"}} 1.0' in text
 
 
-def test_serving_watts_selects_by_uuid_or_index() -> None:
-    """Serving GPUs are picked by UUID or index; empty selects all that are up."""
-    from exporters.nvml import NvmlReader
+def test_serving_energy_selects_by_uuid_or_index() -> None:
+    """Serving GPUs are picked by UUID or index; empty selects all."""
+    readings = ((0, "GPU-a", 10.0), (1, "GPU-b", 20.0), (2, "GPU-c", None))
+    assert serving_energy(readings, []) == {"GPU-a": 10.0, "GPU-b": 20.0, "GPU-c": None}
+    assert serving_energy(readings, ["1", "GPU-c"]) == {"GPU-b": 20.0, "GPU-c": None}
+    assert serving_energy((), []) == {}
 
-    fake = FakeNvml(3)
-    reader = NvmlReader(fake)
-    reader.open()
-    snap = reader.read()
-    assert serving_watts(snap, []) == 1050.0
-    assert serving_watts(snap, ["1", fake.gpus[2].uuid]) == 700.0
-    assert serving_watts(None, []) is None
+
+TOKENS_LINE = re.compile(r'^(vllm:generation_tokens_total\{engine="0",model_name="tiny-llm"\}) \S+$', re.MULTILINE)
+ENERGY_RATE_W = 250.0
+"""How fast the fake's energy counters run; their power reading (350 W) is deliberately different."""
+
+
+class _TokenUpstream:
+    """A vLLM /metrics whose generation-token counter the test sets."""
+
+    def __init__(self) -> None:
+        self.tokens = 5795.0
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        """The captured exposition with the current token count."""
+        return web.Response(text=TOKENS_LINE.sub(lambda m: f"{m.group(1)} {self.tokens}", CURRENT))
+
+
+async def _energy_watch(aiohttp_server: Any, fake: FakeNvml, serving_gpus: list[str] | None = None,
+                        ) -> tuple[EngineWatch, _TokenUpstream]:
+    for gpu in fake.gpus:
+        gpu.energy_rate_mw = ENERGY_RATE_W * 1000
+    upstream = _TokenUpstream()
+    settings = replace(_settings(await _upstream(aiohttp_server, upstream.handle)), "gpu", enabled=True,
+                       serving_gpus=serving_gpus or [])
+    watch = EngineWatch(settings, nvml_module=fake)
+    assert watch.open_gpu()
+    await watch.scrape_once()
+    return watch, upstream
+
+
+async def _window(watch: EngineWatch, upstream: _TokenUpstream, fake: FakeNvml, tokens: float,
+                  seconds: float) -> dict[str, float]:
+    upstream.tokens += tokens
+    fake.advance(seconds)
+    await watch.scrape_once()
+    return dict(watch.state.tokens_per_joule)
+
+
+@pytest.mark.parametrize(
+    ("serving_gpus", "gpus_counted"), [([], 2), (["1"], 1)], ids=["all GPUs serve", "one GPU serves"],
+)
+async def test_tokens_per_joule_is_tokens_over_the_energy_counters_in_the_same_window(
+    aiohttp_server: Any, serving_gpus: list[str], gpus_counted: int
+) -> None:
+    """600 tokens while the serving GPUs' energy counters run at 250 W for 4 s: 600 / (250 x 4 x GPUs)."""
+    fake = FakeNvml(2)
+    watch, upstream = await _energy_watch(aiohttp_server, fake, serving_gpus)
+    assert watch.state.tokens_per_joule == ()  # one scrape is no window yet
+    value = (await _window(watch, upstream, fake, 600, 4.0))["tiny-llm"]
+    second = (await _window(watch, upstream, fake, 90, 0.5))["tiny-llm"]
+    registry = CollectorRegistry()
+    watch.register(registry)
+    exported = registry.get_sample_value(cg.GPU_TOKENS_PER_JOULE.series, {"model_name": "tiny-llm"})
+    await watch.stop()
+    assert value == pytest.approx(600 / (ENERGY_RATE_W * 4.0 * gpus_counted))
+    assert second == exported == pytest.approx(90 / (ENERGY_RATE_W * 0.5 * gpus_counted))
+
+
+@pytest.mark.parametrize(
+    ("serving_gpus", "expected"), [([], None), (["0"], 600 / (ENERGY_RATE_W * 4.0))],
+    ids=["the GPU without it serves: absent", "only the other GPU serves: counted"],
+)
+async def test_a_gpu_without_an_energy_counter_leaves_tokens_per_joule_absent(
+    aiohttp_server: Any, serving_gpus: list[str], expected: float | None
+) -> None:
+    """NVMLError_NotSupported on a serving GPU leaves the series absent, not 0 and not a partial sum."""
+    fake = FakeNvml(2)
+    fake.gpus[1].unsupported.add("nvmlDeviceGetTotalEnergyConsumption")
+    watch, upstream = await _energy_watch(aiohttp_server, fake, serving_gpus)
+    value = (await _window(watch, upstream, fake, 600, 4.0)).get("tiny-llm")
+    registry = CollectorRegistry()
+    watch.register(registry)
+    exported = registry.get_sample_value(cg.GPU_TOKENS_PER_JOULE.series, {"model_name": "tiny-llm"})
+    await watch.stop()
+    assert value == exported == (pytest.approx(expected) if expected is not None else None)
+
+
+async def test_a_driver_reload_skips_one_window_then_tokens_per_joule_resumes(aiohttp_server: Any) -> None:
+    """The energy counter restarting from zero makes that window unknown (absent), the next one counts again."""
+    fake = FakeNvml(1)
+    watch, upstream = await _energy_watch(aiohttp_server, fake)
+    upstream.tokens += 600
+    fake.advance(2.0)
+    fake.reload_driver()
+    fake.advance(2.0)
+    await watch.scrape_once()
+    assert dict(watch.state.tokens_per_joule) == {}
+    assert (await _window(watch, upstream, fake, 300, 3.0))["tiny-llm"] == pytest.approx(300 / (ENERGY_RATE_W * 3))
+    await watch.stop()
+
+
+@pytest.mark.parametrize(
+    ("serving_gpus", "expected"), [([], None), (["0"], 600 / (ENERGY_RATE_W * 4.0))],
+    ids=["the lost GPU serves: absent", "only the other GPU serves: counted"],
+)
+async def test_a_gpu_lost_mid_run_makes_tokens_per_joule_absent(
+    aiohttp_server: Any, serving_gpus: list[str], expected: float | None
+) -> None:
+    """A serving GPU that falls off the bus between two scrapes has no energy reading: the series goes absent."""
+    fake = FakeNvml(2)
+    watch, upstream = await _energy_watch(aiohttp_server, fake, serving_gpus)
+    fake.lose(1)
+    value = (await _window(watch, upstream, fake, 600, 4.0)).get("tiny-llm")
+    watch.poll_gpu()
+    await watch.stop()
+    assert value == (pytest.approx(expected) if expected is not None else None)
+    assert watch.gpu is not None
+    assert not watch.gpu.gpus[1].up
