@@ -207,14 +207,24 @@ def prefill_share_per_request() -> Query:
     return Query(quantile(0.5, request.PREFILL_SHARE_RATIO), "p50 {{model_name}}")
 
 
+def _rules_loaded_zero() -> str:
+    """0 where Prometheus reports evaluating rule groups, no series where it does not."""
+    # Prometheus writes an ALERTS series only while an alert is pending or firing, so with rules
+    # loaded no ALERTS series means none: a true 0. Without rules (or without Prometheus' own
+    # metrics) nothing is known, and the panel shows no data instead of a reassuring 0.
+    return f"0 * count({external.RULE_GROUP_LAST_DURATION.series})"
+
+
 def alerts_firing() -> Query:
-    """Alerts firing now; 0 when Prometheus has no alert series (nothing pending or firing)."""
-    return Query(f'count({external.ALERTS.series}{{alertstate="firing"}}) or vector(0)', "firing", instant=True)
+    """Alerts firing now; 0 when none is and Prometheus evaluates rules."""
+    firing = f'count({external.ALERTS.series}{{alertstate="firing"}})'
+    return Query(f"{firing} or {_rules_loaded_zero()}", "firing", instant=True)
 
 
 def alerts_by_state() -> Query:
-    """Pending and firing alerts by state; 0 when there are none."""
-    return Query(f"count by (alertstate) ({external.ALERTS.series}) or vector(0)", "{{alertstate}}")
+    """Pending and firing alerts by state; one 0 line when none is and Prometheus evaluates rules."""
+    return Query(f"count by (alertstate) ({external.ALERTS.series}) or on() {_rules_loaded_zero()}",
+                 "{{alertstate}}")
 
 
 # ------------------------------------------------------------------ vLLM engine and KV cache
@@ -575,7 +585,7 @@ def log_records() -> list[Query]:
         Query(f"sum({rate(pipeline.LOG_RECORDS_SEEN)})", "seen"),
         Query(by("reason", rate(pipeline.LOG_RECORDS_KEPT)), "kept: {{reason}}"),
         Query(by("reason", rate(pipeline.LOG_RECORDS_DROPPED)), "dropped: {{reason}}"),
-        Query(f"sum({rate(pipeline.LOG_RECORDS_LOST)}) or vector(0)", "lost"),
+        Query(f"sum({rate(pipeline.LOG_RECORDS_LOST)})", "lost"),
     ]
 
 
@@ -613,16 +623,18 @@ def archive_activity() -> list[Query]:
         Query(f"sum({rate(pipeline.LOG_ARCHIVED_RECORDS)})", "records"),
         Query(f"sum({rate(pipeline.LOG_FRAMES)})", "frames"),
         Query(f"sum({rate(pipeline.LOG_SEGMENTS)})", "segments published"),
-        Query(f"sum({rate(pipeline.LOG_SEGMENTS_DELETED)}) or vector(0)", "segments deleted"),
+        Query(f"sum({rate(pipeline.LOG_SEGMENTS_DELETED)})", "segments deleted"),
     ]
 
 
 def scrape_health() -> list[Query]:
     """The sidecar's scrape of vLLM: up, duration and failures per second."""
+    # A failure reason's series appears at its first failure; until then the rate is 0 only where
+    # the sidecar reports its scrape at all (scrape_up present), and absent where it does not.
     return [
         Query(f"min({sel(engine.SCRAPE_UP)})", "up"),
         Query(f"max({sel(engine.SCRAPE_DURATION)})", "duration (s)"),
-        Query(f"sum({rate(engine.SCRAPE_FAILURES)}) or vector(0)", "failures/s"),
+        Query(f"sum({rate(engine.SCRAPE_FAILURES)}) or 0 * count({sel(engine.SCRAPE_UP)})", "failures/s"),
     ]
 
 

@@ -30,7 +30,8 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Burn rate by window", "Error ratio divided by the error budget over each window the burn-rate "
                    "alerts use; the dashed lines are the alerts' burn-rate factors (page and ticket).", "none",
                    q.burn_rates(rules), width=8, thresholds=burn_levels, lines=True),
-        stat("Alerts firing", "Alerts Prometheus has firing now (0 when none is pending or firing).", "short",
+        stat("Alerts firing", "Alerts Prometheus has firing now (0 when none is; no data when Prometheus "
+             "reports no rule groups).", "short",
              q.alerts_firing(), width=4, thresholds=[("green", None), ("red", 1.0)]),
         Row("Traffic and errors"),
         timeseries("Requests by outcome", "Requests per second through the sidecar, by outcome class.", "reqps",
@@ -67,7 +68,8 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
                    "percentunit", q.failures_by_length(), width=12,
                    thresholds=[("green", None), ("red", rules.long_context_error_ratio)], lines=True),
         Row("Alerts"),
-        timeseries("Alerts by state", "Pending and firing alerts over time (0 when there are none).", "short",
+        timeseries("Alerts by state", "Pending and firing alerts over time (a 0 line while none is; no data "
+                   "when Prometheus reports no rule groups).", "short",
                    q.alerts_by_state(), width=24),
     ]
 
