@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
 from exporters.cold_start import ColdStartTracker
+from exporters.genai_metrics import GenAiServerMetrics
 from exporters.inflight import InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
@@ -29,7 +30,7 @@ from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.otlp_logs import otlp_shipper
-from serving.proxy import GENERATION_ROUTES, Observer, Proxy
+from serving.proxy import GENERATION_ROUTES, Observer, Proxy, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.signing import SignatureVerifier, load_key
 from serving.tracing import Tracing
@@ -111,6 +112,13 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
             cold_starts.first_token(at=time.monotonic() - ((record.e2e_s or 0.0) - record.ttft_s))
 
     observers: list[Observer] = [observe_metrics, observe_logs, observe_health, observe_cold_start]
+    if settings.serve.genai_metrics:
+        genai = GenAiServerMetrics(registry, *upstream_address(settings.serve.upstream))
+
+        def observe_genai(record: RequestRecord, _span: Span) -> None:
+            genai.observe(record)
+
+        observers.append(observe_genai)
     app[OBSERVERS] = observers
 
     def session() -> aiohttp.ClientSession:

@@ -125,6 +125,11 @@ class ServeConfig:
         False, "Track them exactly instead: ask vLLM for usage on every streamed chunk and call its /tokenize "
         "for non-streamed prompts (costs vLLM's API server CPU on every request).",
     )
+    genai_metrics: bool = setting(
+        False, "Also expose OpenTelemetry's GenAI server histograms (gen_ai_server_request_duration_seconds, "
+        "gen_ai_server_time_to_first_token_seconds, gen_ai_server_time_per_output_token_seconds) with the "
+        "conventions' labels, for dashboards made for those conventions.",
+    )
     log_level: str = setting(
         "info", "Level of the sidecar's own diagnostics (JSON lines on stderr).",
         check=one_of("debug", "info", "warning", "error"),

@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.trace import Span, Status, StatusCode
 
+from exporters.genai_metrics import operation_name
 from exporters.inflight import InFlightTokens, PromptSizeEstimator
 from exporters.records import Outcome, RequestRecord, length_bucket
 from serving.admission import Admission, Refusal
@@ -40,6 +41,14 @@ TRACE_HEADER = "x-trace-id"
 MAX_MODEL_LABELS = 64
 PROMPT_PLACEHOLDER = "[prompt text]"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def upstream_address(upstream: str) -> tuple[str, int]:
+    """The upstream's host and port (``server.address``, ``server.port``), the scheme's port when none is given."""
+    parts = urlsplit(upstream)
+    return parts.hostname or "", parts.port or _DEFAULT_PORTS[parts.scheme]
+
+
 _PROBLEMS = {
     "upstream_malformed_event": "upstream sent an SSE data line that is not JSON",
     "upstream_event_too_large": "upstream sent an SSE event larger than serve.max_event_bytes",
@@ -162,9 +171,8 @@ class Proxy:
         self._capture_prompt_hash = capture_prompt_hash
         self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
-        parts = urlsplit(self._upstream)
-        self._server_attributes: dict[str, str | int] = {"server.address": parts.hostname or "",
-                                                          "server.port": parts.port or _DEFAULT_PORTS[parts.scheme]}
+        address, port = upstream_address(self._upstream)
+        self._server_attributes: dict[str, str | int] = {"server.address": address, "server.port": port}
         self._edges = tuple(config.length_bucket_edges)
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
@@ -216,7 +224,7 @@ class Proxy:
             return self._refuse(record, refusal, trace_headers)
         if outgoing.payload is not None:  # OpenTelemetry's GenAI conventions, request side
             span.set_attributes({
-                "gen_ai.operation.name": "chat" if record.route == "/v1/chat/completions" else "text_completion",
+                "gen_ai.operation.name": operation_name(record.route) or "text_completion",
                 "gen_ai.provider.name": "vllm", "gen_ai.request.model": outgoing.model or "",
             })
         tokenizing = None

@@ -94,7 +94,8 @@ def sidecar(
             vllm_server.base_url, work,
             ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1",
              "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
-             "--logs-otlp-endpoint", otlp_receiver.logs_endpoint, "--logs-otlp-flush-ms", "100"],
+             "--logs-otlp-endpoint", otlp_receiver.logs_endpoint, "--logs-otlp-flush-ms", "100",
+             "--serve-genai-metrics", "true"],
         )
     )
     yield server

@@ -2,8 +2,9 @@
 
 Outside this package a metric name is spelled only through a :class:`MetricSpec` attribute,
 so exporters, rules and dashboards cannot drift apart. Each area keeps its specs in its own
-module (``request``, ``vllm``, ``engine``, ``gpu``, ``process``, ``pipeline``, ``rules``,
-``recordings`` for our recording rules' outputs, ``prometheus`` for what Prometheus writes itself);
+module (``request``, ``genai`` for OpenTelemetry's GenAI names, ``vllm``, ``engine``, ``gpu``,
+``process``, ``pipeline``, ``rules``, ``recordings`` for our recording rules' outputs,
+``prometheus`` for what Prometheus writes itself);
 ``ALL_SPECS`` joins them and refuses a name declared twice.
 """
 
@@ -13,7 +14,9 @@ import importlib
 
 from exporters.catalog.spec import MetricSpec, MetricType, Source
 
-_AREAS = ("request", "vllm", "engine", "gpu", "process", "pipeline", "rules", "recordings", "prometheus")
+_AREAS = (
+    "request", "genai", "vllm", "engine", "gpu", "process", "pipeline", "rules", "recordings", "prometheus",
+)
 
 
 def _load() -> tuple[MetricSpec, ...]:

@@ -151,6 +151,27 @@ def test_kept_request_records_reach_the_otlp_logs_backend(
         assert record.attributes["stream"] is bool(body.get("stream"))
 
 
+def test_genai_server_histograms_count_what_vllm_generated(sidecar: servers.SidecarServer) -> None:
+    """With serve.genai_metrics, one streamed chat is one observation of each gen_ai.server histogram,
+    labelled with the model vLLM answered with and the upstream's address."""
+    before = _get(f"{sidecar.base_url}/metrics")
+    status, _, body = _post(f"{sidecar.base_url}/v1/chat/completions",
+                            {"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    assert status == 200
+    events = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: {")]
+    answered = events[-1]["model"]
+    assert events[-1]["usage"]["completion_tokens"] == 6
+    after = _get(f"{sidecar.base_url}/metrics")
+    host = urllib.parse.urlsplit(sidecar.upstream).hostname
+    labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm", "gen_ai_request_model": "tiny-llm",
+              "gen_ai_response_model": answered, "server_address": host}
+    for family in ("gen_ai_server_request_duration_seconds", "gen_ai_server_time_to_first_token_seconds",
+                   "gen_ai_server_time_per_output_token_seconds"):
+        name = f"{family}_count"
+        assert _metric_sum(after, name, **labels) - _metric_sum(before, name, **labels) == 1, family
+
+
 def test_invalid_traceparent_still_served(sidecar: servers.SidecarServer) -> None:
     """An invalid traceparent starts a new trace and the request is served."""
     status, headers, _ = _post(f"{sidecar.base_url}/v1/completions",
