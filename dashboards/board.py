@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from grafanalib import core
@@ -15,7 +16,11 @@ ON_TIME_RANGE_CHANGE = 2
 
 
 def variables() -> list[core.Template]:
-    """Every template variable, in the order they appear: datasource, model_name, engine, gpu."""
+    """Every template variable, in the order they appear: datasource, model_name, instance, engine, gpu.
+
+    ``instance`` is the scrape target Prometheus adds to every series of a replica's sidecar (and of a
+    vLLM server it scrapes); all instances by default, so every panel shows the whole fleet.
+    """
     return [
         core.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
                       includeAll=False, multi=False),
@@ -25,32 +30,43 @@ def variables() -> list[core.Template]:
             default="$__all",
         ),
         core.Template(
+            name="instance", label="Instance", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
+            query=f'label_values({request.REQUESTS.series}{{model_name=~"$model_name"}}, instance)',
+            refresh=ON_TIME_RANGE_CHANGE, default="$__all",
+        ),
+        core.Template(
             name="engine", label="Engine", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
-            query=f'label_values({vllm.NUM_REQUESTS_RUNNING.series}{{model_name=~"$model_name"}}, engine)',
+            query=(f'label_values({vllm.NUM_REQUESTS_RUNNING.series}'
+                   f'{{model_name=~"$model_name", instance=~"$instance"}}, engine)'),
             refresh=ON_TIME_RANGE_CHANGE, default="$__all",
         ),
         core.Template(
             name="gpu", label="GPU", dataSource=DATASOURCE, multi=True, includeAll=True, allValue=".*",
-            query=f"label_values({gpu.GPU_INFO.series}, gpu)", refresh=ON_TIME_RANGE_CHANGE, default="$__all",
+            query=f'label_values({gpu.GPU_INFO.series}{{instance=~"$instance"}}, gpu)', refresh=ON_TIME_RANGE_CHANGE,
+            default="$__all",
         ),
     ]
 
 
+def _refers(text: str, name: str) -> bool:
+    return re.search(rf"\$\{{?{name}\b", text) is not None
+
+
 def _used(name: str, items: Sequence[Spec | Row]) -> bool:
-    token = f"${name}"
-    return any(token in q.expr for item in items if isinstance(item, Spec) for q in item.queries)
+    return any(_refers(q.expr, name) for item in items if isinstance(item, Spec) for q in item.queries)
 
 
 def templating(items: Sequence[Spec | Row]) -> core.Templating:
-    """The datasource variable and those other variables that the board's queries use."""
-    chosen = []
-    for template in variables():
-        if template.name == "datasource" or _used(template.name, items):
-            chosen.append(template)
-    names = {t.name for t in chosen}
-    if "engine" in names and "model_name" not in names:
-        chosen = [t for t in variables() if t.name in {*names, "model_name"}]
-    return core.Templating(list=chosen)
+    """The datasource variable, the variables the board's queries use, and those their queries use."""
+    every = variables()
+    names = {"datasource"} | {t.name for t in every if _used(t.name, items)}
+    while True:
+        needed = {t.name for t in every for user in every
+                  if user.name in names and _refers(str(user.query), t.name)} - names
+        if not needed:
+            break
+        names |= needed
+    return core.Templating(list=[t for t in every if t.name in names])
 
 
 def annotations() -> core.Annotations:

@@ -6,14 +6,20 @@ Rules (names as in dashboard-linter where one exists; shared/reference/dashboard
 * ``template-label-promql-rule``: query variables are ``label_values``/``label_names``/``metrics``/
   ``query_result`` around valid PromQL.
 * ``template-on-time-change-reload-rule``: query variables refresh on time-range change (2).
-* ``template-selector-rule`` (the linter's job/instance rule, for our keys model_name, engine, gpu):
-  the variable uses ``$datasource``, is a multi-select query with "All" and an ``allValue``.
+* ``template-selector-rule`` (the linter's job/instance rule, for our keys model_name, instance, engine,
+  gpu): the variable uses ``$datasource``, is a multi-select query with "All" and an ``allValue``.
+* ``template-variable-defined-rule``: every ``$variable`` a target or a variable query uses is defined on
+  the board (or is one of Grafana's globals).
 * ``panel-datasource-rule``: panels and targets read ``$datasource``/``${datasource}``.
 * ``panel-title-description-rule``, ``panel-units-rule``, ``panel-no-targets-rule``.
 * ``target-promql-rule``: every expression parses after Grafana variables are expanded.
 * ``target-rate-interval-rule``: a range directly inside ``rate``/``irate`` is ``$__rate_interval``.
-* ``target-selector-rule`` (the linter's target job rule): a selector of a family that has a
-  ``model_name`` (``engine``, ``gpu``) label filters on ``$model_name`` (``$engine``, ``$gpu``).
+* ``target-selector-rule`` (the linter's target job/instance rule): a selector of a family that has a
+  ``model_name`` (``engine``, ``gpu``) label filters on ``$model_name`` (``$engine``, ``$gpu``), and a
+  selector of a family Prometheus scrapes from a replica (sidecar, vLLM) filters ``instance`` on
+  ``$instance``; the labels come from :func:`dashboards.queries.filter_labels`, as the queries' own.
+* ``target-instance-grouping-rule``: an aggregation that keeps ``engine`` or ``gpu`` (numbered per
+  replica: engine 0 and GPU 0 exist on every pod) keeps ``instance`` too, so replicas are not added up.
 * ``target-counter-agg-rule``: a counter is only read through ``rate``/``irate``/``increase``/``resets``
   over a range; counter-ness comes from the catalog's types, not from a ``_total`` suffix.
 * ``uneditable-dashboard``: provisioned boards are ``editable: false``.
@@ -32,6 +38,7 @@ from typing import Any
 
 import promql_parser
 
+from dashboards.queries import VARIABLE_LABELS, filter_labels
 from exporters.catalog import ALL_SPECS, MetricSpec, MetricType
 
 MAGIC = {"$__rate_interval": "7777s", "${__rate_interval}": "7777s", "$__interval": "7778s",
@@ -39,7 +46,12 @@ MAGIC = {"$__rate_interval": "7777s", "${__rate_interval}": "7777s", "$__interva
 """Grafana's global interval variables -> unique durations, so the rate-interval rule can find them."""
 RATE_INTERVAL_SECONDS = 7777
 _VARIABLE = re.compile(r"\$\{?(\w+)(?::\w+)?\}?")
-SELECTOR_VARIABLES = {"model_name": "$model_name", "engine": "$engine", "gpu": "$gpu"}
+SELECTOR_VARIABLES = VARIABLE_LABELS
+GLOBALS = frozenset({"__rate_interval", "__interval", "__interval_ms", "__range", "__range_s", "__range_ms",
+                     "__from", "__to", "__dashboard", "__name", "__org", "__user", "__timeFilter"})
+"""Grafana's built-in variables: never defined on a board."""
+PER_REPLICA_LABELS = frozenset({"engine", "gpu"})
+"""Labels numbered within one replica: grouping by them without ``instance`` adds replicas together."""
 COUNTER_FUNCTIONS = frozenset({"rate", "irate", "increase", "resets"})
 TEMPLATE_FUNCTIONS = re.compile(r"^\s*(label_values|label_names|metrics|query_result)\((.*)\)\s*$", re.S)
 
@@ -110,7 +122,7 @@ def _labels() -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for spec in ALL_SPECS:
         for name in spec.sample_names():
-            out[name] = spec.labels
+            out[name] = filter_labels(spec)
     return out
 
 
@@ -159,6 +171,11 @@ def _check_expr(expr: str, finding: Any) -> None:
         if (isinstance(node, promql_parser.MatrixSelector) and isinstance(parent, promql_parser.Call)
                 and parent.func.name in ("rate", "irate") and node.range.total_seconds() != RATE_INTERVAL_SECONDS):
             finding("target-rate-interval-rule", f"{parent.func.name}() range must be $__rate_interval: {expr}")
+        if isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            kept = set(node.modifier.labels)
+            if str(node.modifier.type).endswith("By") and kept & PER_REPLICA_LABELS and "instance" not in kept:
+                finding("target-instance-grouping-rule",
+                        f"grouping by {', '.join(sorted(kept & PER_REPLICA_LABELS))} must keep instance: {expr}")
         if not isinstance(node, promql_parser.VectorSelector) or not node.name:
             continue
         labels = SAMPLE_LABELS.get(node.name, ())
@@ -233,6 +250,25 @@ def _lint_templates(data: dict[str, Any], finding: Any) -> None:
                 finding("template-selector-rule", f"variable {name} must be multi-select with All and an allValue")
 
 
+def _variables_used(text: str) -> set[str]:
+    return {m.group(1) for m in _VARIABLE.finditer(text)} - GLOBALS
+
+
+def _lint_variables_defined(data: dict[str, Any], finding: Any) -> None:
+    templates = data.get("templating", {}).get("list", [])
+    defined = {t.get("name") for t in templates}
+    for t in templates:
+        query = t.get("query")
+        query = query.get("query", "") if isinstance(query, dict) else str(query or "")
+        for name in sorted(_variables_used(query) - defined):
+            finding("template-variable-defined-rule", f"variable {t.get('name')} uses ${name}, not defined")
+    for panel in _panels(data):
+        for target in panel.get("targets") or []:
+            for name in sorted(_variables_used(str(target.get("expr", ""))) - defined):
+                finding("template-variable-defined-rule",
+                        f"panel {panel.get('title')!r} uses ${name}, not defined on the board")
+
+
 def _lint_structure(data: dict[str, Any], finding: Any) -> None:
     uid = data.get("uid") or ""
     if not uid or len(uid) > 40:
@@ -280,6 +316,7 @@ def lint(data: dict[str, Any]) -> list[Finding]:
     if data.get("editable") is not False:
         finding("uneditable-dashboard", "provisioned dashboards must be editable: false")
     _lint_templates(data, finding)
+    _lint_variables_defined(data, finding)
     _lint_structure(data, finding)
     for panel in _panels(data):
         if panel.get("type") == "row":

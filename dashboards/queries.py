@@ -1,9 +1,16 @@
 """Every panel query, one function each, built from catalog specs and the rules config.
 
 Selectors get the template-variable matchers their family's labels allow: ``model_name=~"$model_name"``,
-``engine=~"$engine"``, ``gpu=~"$gpu"``. Rates use ``$__rate_interval``; windows that belong to the SLO
-(its period, the burn-rate windows) come from :class:`~alert_rules.config.RulesConfig` and the rule
-modules, never from a number written here.
+``engine=~"$engine"``, ``gpu=~"$gpu"``, and ``instance=~"$instance"`` on every family Prometheus scrapes
+from a sidecar or a vLLM server (``instance`` is the target label Prometheus adds, not a catalog label;
+:func:`filter_labels` is the one place that says which labels a family is filtered on). Rates use
+``$__rate_interval``; windows that belong to the SLO (its period, the burn-rate windows) come from
+:class:`~alert_rules.config.RulesConfig` and the rule modules, never from a number written here.
+
+Across replicas (one sidecar per vLLM pod, each its own ``instance``) fleet panels aggregate by model:
+counters as ``sum by (model_name) (rate(...))``, ratios as a sum over a sum, quantiles from buckets summed
+by ``le`` and model; per-engine and per-GPU series keep ``instance`` (engine ``0`` and GPU ``0`` exist on
+every pod). Gauges say per panel whether the max (the worst pod) or the mean over pods is shown.
 """
 
 from __future__ import annotations
@@ -16,12 +23,27 @@ from alert_rules.spec import any_of, duration, number
 from alert_rules.windows import windows_used
 from exporters.catalog import engine, gpu, pipeline, process, request, rules, vllm
 from exporters.catalog import prometheus as external
-from exporters.catalog.spec import MetricSpec
+from exporters.catalog.spec import MetricSpec, Source
 
 RATE = "$__rate_interval"
 RANGE = "$__range"
-VARIABLE_LABELS = {"model_name": "$model_name", "engine": "$engine", "gpu": "$gpu"}
+VARIABLE_LABELS = {"model_name": "$model_name", "engine": "$engine", "gpu": "$gpu", "instance": "$instance"}
 """Label -> template variable it is filtered by, wherever a family carries the label."""
+TARGET_LABELS = ("instance",)
+"""Labels Prometheus adds to every scraped series (not in the catalog): filtered on scraped families only."""
+SCRAPED = frozenset({Source.SIDECAR, Source.VLLM})
+"""Sources whose series Prometheus scrapes from a replica's target, so they carry ``TARGET_LABELS``."""
+INSTANCE = "instance"
+GPU = "instance, gpu"
+"""Grouping of per-GPU series: GPU indexes repeat on every replica."""
+
+
+def filter_labels(spec: MetricSpec) -> tuple[str, ...]:
+    """The labels a family's selectors are filtered on: its catalog labels, plus the target labels where
+    Prometheus scrapes it from a replica (and never on Prometheus' own series, whose ``instance`` is
+    Prometheus or any job's target)."""
+    own = tuple(label for label in spec.labels if label not in TARGET_LABELS)
+    return own + TARGET_LABELS if spec.source in SCRAPED else own
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +67,7 @@ def matchers(labels: tuple[str, ...], *extra: str) -> str:
 
 def sel(spec: MetricSpec, *extra: str, series: str | None = None) -> str:
     """A selector of one of ``spec``'s series (its plain series by default), with variable matchers."""
-    return f"{series or spec.series}{matchers(spec.labels, *extra)}"
+    return f"{series or spec.series}{matchers(filter_labels(spec), *extra)}"
 
 
 def rate(spec: MetricSpec, *extra: str, series: str | None = None) -> str:
@@ -84,7 +106,7 @@ def heatmap(spec: MetricSpec) -> Query:
 
 def zero_per_gpu() -> str:
     """``0`` for every GPU the exporter knows: the value of a per-GPU counter not yet created."""
-    return by("gpu", f"{sel(gpu.GPU_UP)} * 0")
+    return by(GPU, f"{sel(gpu.GPU_UP)} * 0")
 
 
 # ------------------------------------------------------------------ SLOs and traffic
@@ -129,11 +151,12 @@ def requests_by_outcome() -> Query:
     return Query(by("outcome", rate(request.REQUESTS)), "{{outcome}}")
 
 
-def error_ratio(group: str = "model_name") -> Query:
-    """Share of requests with an error outcome, per ``group``; 0 while a group has traffic but no error."""
+def error_ratio(group: str = "model_name", legend: str = "") -> Query:
+    """Share of requests with an error outcome, per ``group`` (summed over instances, then divided: a
+    ratio of sums, never a mean of per-pod ratios); 0 while a group has traffic but no error."""
     bad = by(group, rate(request.REQUESTS, f'outcome=~"{error_outcome_regex()}"'))
     every = by(group, rate(request.REQUESTS))
-    return Query(f"({bad} or ({every} * 0)) / {every}", f"{{{{{group}}}}}")
+    return Query(f"({bad} or ({every} * 0)) / {every}", legend or f"{{{{{group}}}}}")
 
 
 def ttft() -> list[Query]:
@@ -207,6 +230,33 @@ def prefill_share_per_request() -> Query:
     return Query(quantile(0.5, request.PREFILL_SHARE_RATIO), "p50 {{model_name}}")
 
 
+# Per-instance breakdown: which replica is the bad one.
+
+PER_INSTANCE = "model_name, instance"
+PER_INSTANCE_LEGEND = "{{instance}} {{model_name}}"
+
+
+def requests_by_instance() -> Query:
+    """Requests per second through each replica's sidecar."""
+    return Query(by(PER_INSTANCE, rate(request.REQUESTS)), PER_INSTANCE_LEGEND)
+
+
+def error_ratio_by_instance() -> Query:
+    """Share of requests with an error outcome, per replica."""
+    return error_ratio(PER_INSTANCE, PER_INSTANCE_LEGEND)
+
+
+def ttft_p99_by_instance() -> Query:
+    """Time to first token p99 per replica, with trace exemplars."""
+    return Query(quantile(0.99, request.TIME_TO_FIRST_TOKEN_SECONDS, PER_INSTANCE), PER_INSTANCE_LEGEND,
+                 exemplar=True)
+
+
+def kv_usage_by_instance() -> Query:
+    """KV-cache usage per replica (the sidecar's block-weighted view), the value the KV alert reads."""
+    return Query(by(PER_INSTANCE, sel(engine.KV_USAGE), "max"), PER_INSTANCE_LEGEND)
+
+
 def _rules_loaded_zero() -> str:
     """0 where Prometheus reports evaluating rule groups, no series where it does not."""
     # Prometheus writes an ALERTS series only while an alert is pending or firing, so with rules
@@ -236,10 +286,12 @@ def engine_requests() -> Query:
 
 
 def vllm_running_waiting() -> list[Query]:
-    """vLLM's own running and waiting gauges, per engine."""
+    """vLLM's own running and waiting gauges, per engine of each replica."""
     return [
-        Query(by("model_name, engine", sel(vllm.NUM_REQUESTS_RUNNING)), "running {{model_name}}/{{engine}}"),
-        Query(by("model_name, engine", sel(vllm.NUM_REQUESTS_WAITING)), "waiting {{model_name}}/{{engine}}"),
+        Query(by("model_name, instance, engine", sel(vllm.NUM_REQUESTS_RUNNING)),
+              "running {{model_name}} {{instance}}/{{engine}}"),
+        Query(by("model_name, instance, engine", sel(vllm.NUM_REQUESTS_WAITING)),
+              "waiting {{model_name}} {{instance}}/{{engine}}"),
     ]
 
 
@@ -259,10 +311,11 @@ def queue_time() -> list[Query]:
 
 
 def preemptions() -> list[Query]:
-    """Preemptions per second: the sidecar's sum over engines and vLLM's per-engine counter."""
+    """Preemptions per second: the sidecar's sum over engines and replicas, and vLLM's per-engine counter."""
     return [
         Query(by("model_name", rate(engine.ENGINE_PREEMPTIONS)), "{{model_name}}"),
-        Query(by("model_name, engine", rate(vllm.NUM_PREEMPTIONS)), "vLLM {{model_name}}/{{engine}}"),
+        Query(by("model_name, instance, engine", rate(vllm.NUM_PREEMPTIONS)),
+              "vLLM {{model_name}} {{instance}}/{{engine}}"),
     ]
 
 
@@ -275,10 +328,12 @@ def preemptions_per_request() -> list[Query]:
 
 
 def kv_usage() -> list[Query]:
-    """KV-cache usage: the sidecar's block-weighted view and vLLM's per-engine gauge."""
+    """KV-cache usage: the sidecar's block-weighted view (max over replicas: the fullest pod, which is what
+    the per-pod KV alert watches) and vLLM's gauge per engine of each replica."""
     return [
-        Query(by("model_name", sel(engine.KV_USAGE), "max"), "{{model_name}}"),
-        Query(by("model_name, engine", sel(vllm.KV_CACHE_USAGE_PERC), "max"), "vLLM {{model_name}}/{{engine}}"),
+        Query(by("model_name", sel(engine.KV_USAGE), "max"), "fullest replica {{model_name}}"),
+        Query(by("model_name, instance, engine", sel(vllm.KV_CACHE_USAGE_PERC), "max"),
+              "vLLM {{model_name}} {{instance}}/{{engine}}"),
     ]
 
 
@@ -301,13 +356,14 @@ def kv_tokens() -> list[Query]:
 
 
 def kv_fragmentation() -> Query:
-    """Estimated internal fragmentation of the blocks held by in-flight requests."""
-    return Query(by("model_name", sel(engine.KV_FRAGMENTATION), "max"), "{{model_name}}")
+    """Estimated internal fragmentation of the blocks held by in-flight requests (max over replicas)."""
+    return Query(by("model_name", sel(engine.KV_FRAGMENTATION), "max"), "worst replica {{model_name}}")
 
 
 def cache_config() -> Query:
     """vLLM's cache configuration (block size, GPU blocks, KV tokens) as a table."""
-    expr = f"max by (engine, block_size, num_gpu_blocks, kv_cache_size_tokens) ({sel(vllm.CACHE_CONFIG_INFO)})"
+    expr = (f"max by (instance, engine, block_size, num_gpu_blocks, kv_cache_size_tokens) "
+            f"({sel(vllm.CACHE_CONFIG_INFO)})")
     return Query(expr, "", instant=True, table=True)
 
 
@@ -318,7 +374,8 @@ def prefix_cache_hit_ratio() -> list[Query]:
            f"{by('model_name', rate(vllm.EXTERNAL_PREFIX_CACHE_QUERIES))}")
     return [
         Query(local, "local {{model_name}}"),
-        Query(by("model_name", sel(engine.ENGINE_PREFIX_CACHE_HIT_RATIO), "max"), "since start {{model_name}}"),
+        # A per-replica ratio without its counts: the mean over replicas (unweighted).
+        Query(by("model_name", sel(engine.ENGINE_PREFIX_CACHE_HIT_RATIO), "avg"), "since start {{model_name}}"),
         Query(ext, "external {{model_name}}"),
     ]
 
@@ -349,10 +406,11 @@ def prefill_decode_time() -> list[Query]:
 
 
 def prefill_decode_share() -> list[Query]:
-    """Share of request time in prefill and in decode since the engine started."""
+    """Share of request time in prefill and in decode since the engine started (mean over replicas, so the
+    two shares still add up to one)."""
     return [
-        Query(by("model_name", sel(engine.ENGINE_PREFILL_SHARE), "max"), "prefill {{model_name}}"),
-        Query(by("model_name", sel(engine.ENGINE_DECODE_SHARE), "max"), "decode {{model_name}}"),
+        Query(by("model_name", sel(engine.ENGINE_PREFILL_SHARE), "avg"), "prefill {{model_name}}"),
+        Query(by("model_name", sel(engine.ENGINE_DECODE_SHARE), "avg"), "decode {{model_name}}"),
     ]
 
 
@@ -433,19 +491,21 @@ def mfu() -> list[Query]:
 
 
 def readiness(config_vllm_job: str) -> list[Query]:
-    """Upstream readiness probe, vLLM awake flag and Prometheus' scrape of vLLM."""
+    """Upstream readiness probe, vLLM awake flag and Prometheus' scrape of vLLM, per replica."""
     return [
-        Query(f"max({sel(request.UPSTREAM_READY)})", "ready (sidecar probe)"),
-        Query(by("model_name, engine", sel(vllm.ENGINE_SLEEP_STATE, 'sleep_state="awake"'), "max"),
-              "awake {{model_name}}/{{engine}}"),
-        Query(f'max({external.UP.series}{{job="{config_vllm_job}"}})', "scraped by Prometheus"),
+        Query(by(INSTANCE, sel(request.UPSTREAM_READY), "min"), "ready (sidecar probe) {{instance}}"),
+        Query(by("model_name, instance, engine", sel(vllm.ENGINE_SLEEP_STATE, 'sleep_state="awake"'), "min"),
+              "awake {{model_name}} {{instance}}/{{engine}}"),
+        Query(by(INSTANCE, f'{external.UP.series}{{job="{config_vllm_job}"}}', "min"),
+              "scraped by Prometheus {{instance}}"),
     ]
 
 
 def cold_starts() -> Query:
-    """Engine restarts in the time range: resets of vLLM's finished-request counter."""
-    return Query(by("model_name", f"resets({sel(vllm.REQUEST_SUCCESS)}[{RANGE}])", "max"), "{{model_name}}",
-                 instant=True)
+    """Engine restarts in the time range: resets of vLLM's finished-request counter, per replica (its series
+    reset together: the max), summed over replicas."""
+    per_replica = by("model_name, instance", f"resets({sel(vllm.REQUEST_SUCCESS)}[{RANGE}])", "max")
+    return Query(by("model_name", per_replica), "{{model_name}}", instant=True)
 
 
 def engine_info() -> Query:
@@ -460,119 +520,124 @@ def engine_info() -> Query:
 def gpu_memory(rules: RulesConfig) -> list[Query]:
     """GPU memory used against total, and the alert line (rules.gpu_memory_ratio of the total)."""
     return [
-        Query(by("gpu", sel(gpu.GPU_MEMORY_USED)), "used {{gpu}}"),
-        Query(by("gpu", sel(gpu.GPU_MEMORY_TOTAL)), "total {{gpu}}"),
-        Query(f"{by('gpu', sel(gpu.GPU_MEMORY_TOTAL))} * {number(rules.gpu_memory_ratio)}", "alert line {{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_USED)), "used {{instance}}/{{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_TOTAL)), "total {{instance}}/{{gpu}}"),
+        Query(f"{by(GPU, sel(gpu.GPU_MEMORY_TOTAL))} * {number(rules.gpu_memory_ratio)}",
+              "alert line {{instance}}/{{gpu}}"),
     ]
 
 
 def gpu_memory_ratio() -> Query:
     """GPU memory used as a share of the total."""
-    return Query(f"{by('gpu', sel(gpu.GPU_MEMORY_USED))} / {by('gpu', sel(gpu.GPU_MEMORY_TOTAL))}", "{{gpu}}")
+    return Query(f"{by(GPU, sel(gpu.GPU_MEMORY_USED))} / {by(GPU, sel(gpu.GPU_MEMORY_TOTAL))}",
+                 "{{instance}}/{{gpu}}")
 
 
 def gpu_utilization() -> list[Query]:
     """Kernel and memory-copy utilisation per GPU."""
     return [
-        Query(by("gpu", sel(gpu.GPU_UTILIZATION)), "kernels {{gpu}}"),
-        Query(by("gpu", sel(gpu.GPU_MEMORY_COPY_UTILIZATION)), "memory copies {{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_UTILIZATION)), "kernels {{instance}}/{{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_COPY_UTILIZATION)), "memory copies {{instance}}/{{gpu}}"),
     ]
 
 
 def gpu_power() -> list[Query]:
     """Power draw against the enforced limit, and average power from the energy counter."""
     return [
-        Query(by("gpu", sel(gpu.GPU_POWER)), "draw {{gpu}}"),
-        Query(by("gpu", sel(gpu.GPU_POWER_LIMIT)), "limit {{gpu}}"),
-        Query(by("gpu", rate(gpu.GPU_ENERGY)), "from energy counter {{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_POWER)), "draw {{instance}}/{{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_POWER_LIMIT)), "limit {{instance}}/{{gpu}}"),
+        Query(by(GPU, rate(gpu.GPU_ENERGY)), "from energy counter {{instance}}/{{gpu}}"),
     ]
 
 
 def gpu_energy() -> Query:
     """Energy used per GPU over the time range, in joules."""
-    return Query(by("gpu", f"increase({sel(gpu.GPU_ENERGY)}[{RANGE}])"), "{{gpu}}", instant=True)
+    return Query(by(GPU, f"increase({sel(gpu.GPU_ENERGY)}[{RANGE}])"), "{{instance}}/{{gpu}}", instant=True)
 
 
 def tokens_per_joule() -> Query:
-    """Generated tokens per joule of GPU energy, per model."""
-    return Query(by("model_name", sel(gpu.GPU_TOKENS_PER_JOULE), "max"), "{{model_name}}")
+    """Generated tokens per joule of GPU energy, per model (mean over replicas)."""
+    return Query(by("model_name", sel(gpu.GPU_TOKENS_PER_JOULE), "avg"), "{{model_name}}")
 
 
 def gpu_temperature() -> Query:
     """GPU die temperature."""
-    return Query(by("gpu", sel(gpu.GPU_TEMPERATURE), "max"), "{{gpu}}")
+    return Query(by(GPU, sel(gpu.GPU_TEMPERATURE), "max"), "{{instance}}/{{gpu}}")
 
 
 def gpu_clocks() -> list[Query]:
     """SM and memory clocks."""
     return [
-        Query(by("gpu", sel(gpu.GPU_SM_CLOCK), "max"), "SM {{gpu}}"),
-        Query(by("gpu", sel(gpu.GPU_MEMORY_CLOCK), "max"), "memory {{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_SM_CLOCK), "max"), "SM {{instance}}/{{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_CLOCK), "max"), "memory {{instance}}/{{gpu}}"),
     ]
 
 
 def throttle_reasons() -> Query:
     """Clock-throttle reasons active now, one series per GPU and reason."""
-    return Query(by("gpu, reason", sel(gpu.GPU_CLOCK_EVENT_ACTIVE), "max"), "{{gpu}} {{reason}}")
+    return Query(by(f"{GPU}, reason", sel(gpu.GPU_CLOCK_EVENT_ACTIVE), "max"), "{{instance}}/{{gpu}} {{reason}}")
 
 
 def xid_errors() -> Query:
     """XID errors per GPU in the rate window; 0 for GPUs that never reported one."""
-    errors = by("gpu", f"increase({sel(gpu.GPU_XID_ERRORS)}[{RATE}])")
-    return Query(f"{errors} or {zero_per_gpu()}", "{{gpu}}")
+    errors = by(GPU, f"increase({sel(gpu.GPU_XID_ERRORS)}[{RATE}])")
+    return Query(f"{errors} or {zero_per_gpu()}", "{{instance}}/{{gpu}}")
 
 
 def ecc_errors() -> list[Query]:
     """ECC errors per second, remapped rows and pending remaps; 0 where never reported."""
     return [
-        Query(f"{by('gpu, error_type', rate(gpu.GPU_ECC_ERRORS))} or {zero_per_gpu()}", "ECC {{gpu}} {{error_type}}"),
-        Query(f"{by('gpu', sel(gpu.GPU_REMAPPED_ROWS))} or {zero_per_gpu()}", "remapped rows {{gpu}}"),
-        Query(f"{by('gpu', sel(gpu.GPU_ROW_REMAP_PENDING), 'max')} or {zero_per_gpu()}", "remap pending {{gpu}}"),
+        Query(f"{by(GPU + ', error_type', rate(gpu.GPU_ECC_ERRORS))} or {zero_per_gpu()}",
+              "ECC {{instance}}/{{gpu}} {{error_type}}"),
+        Query(f"{by(GPU, sel(gpu.GPU_REMAPPED_ROWS))} or {zero_per_gpu()}", "remapped rows {{instance}}/{{gpu}}"),
+        Query(f"{by(GPU, sel(gpu.GPU_ROW_REMAP_PENDING), 'max')} or {zero_per_gpu()}",
+              "remap pending {{instance}}/{{gpu}}"),
     ]
 
 
 def gpu_process_memory() -> list[Query]:
     """GPU memory per process, and the upstream's own total."""
     return [
-        Query(by("gpu, pid", sel(gpu.GPU_PROCESS_MEMORY)), "{{gpu}} pid {{pid}}"),
-        Query(by("gpu", sel(gpu.GPU_PROCESSES)), "processes {{gpu}}"),
+        Query(by(f"{GPU}, pid", sel(gpu.GPU_PROCESS_MEMORY)), "{{instance}}/{{gpu}} pid {{pid}}"),
+        Query(by(GPU, sel(gpu.GPU_PROCESSES)), "processes {{instance}}/{{gpu}}"),
     ]
 
 
 def gpu_up() -> list[Query]:
-    """GPUs answering NVML, GPUs NVML reports, and whether the exporter runs."""
+    """GPUs answering NVML and GPUs NVML reports (summed over replicas), and whether every exporter runs."""
     return [
         Query(f"sum({sel(gpu.GPU_UP)})", "up"),
-        Query(f"max({sel(gpu.GPU_COUNT)})", "reported"),
-        Query(f"max({sel(gpu.GPU_EXPORTER_UP)})", "exporter up"),
+        Query(f"sum({sel(gpu.GPU_COUNT)})", "reported"),
+        Query(f"min({sel(gpu.GPU_EXPORTER_UP)})", "exporter up (every replica)"),
     ]
 
 
 def gpu_info() -> Query:
     """Static facts of every GPU as a table."""
-    labels = "gpu, uuid, gpu_model, driver_version, cuda_driver_version, memory_total_bytes"
+    labels = "instance, gpu, uuid, gpu_model, driver_version, cuda_driver_version, memory_total_bytes"
     return Query(by(labels, sel(gpu.GPU_INFO), "max"), "", instant=True, table=True)
 
 
 def gpu_exporter_health() -> list[Query]:
     """NVML calls skipped as unsupported and failed per second, and the collection time."""
     return [
-        Query(f"{by('gpu', rate(gpu.GPU_EXPORTER_UNSUPPORTED))} or {zero_per_gpu()}", "unsupported {{gpu}}"),
-        Query(f"{by('gpu', rate(gpu.GPU_EXPORTER_ERRORS))} or {zero_per_gpu()}", "failed {{gpu}}"),
+        Query(f"{by(GPU, rate(gpu.GPU_EXPORTER_UNSUPPORTED))} or {zero_per_gpu()}",
+              "unsupported {{instance}}/{{gpu}}"),
+        Query(f"{by(GPU, rate(gpu.GPU_EXPORTER_ERRORS))} or {zero_per_gpu()}", "failed {{instance}}/{{gpu}}"),
         Query(f"max({sel(gpu.GPU_EXPORTER_COLLECT_DURATION)})", "collect seconds"),
     ]
 
 
 def xid_last() -> Query:
     """Unix time of the last XID error per GPU and code."""
-    return Query(by("gpu, xid", sel(gpu.GPU_XID_LAST), "max"), "", instant=True, table=True)
+    return Query(by(f"{GPU}, xid", sel(gpu.GPU_XID_LAST), "max"), "", instant=True, table=True)
 
 
 def gpu_memory_breakdown() -> list[Query]:
     """Free and driver-reserved memory per GPU."""
     return [
-        Query(by("gpu", sel(gpu.GPU_MEMORY_FREE)), "free {{gpu}}"),
-        Query(by("gpu", sel(gpu.GPU_MEMORY_RESERVED)), "reserved {{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_FREE)), "free {{instance}}/{{gpu}}"),
+        Query(by(GPU, sel(gpu.GPU_MEMORY_RESERVED)), "reserved {{instance}}/{{gpu}}"),
     ]
 
 
@@ -647,8 +712,8 @@ def scrape_problems() -> list[Query]:
 
 
 def scrape_age() -> Query:
-    """Seconds since the sidecar last scraped vLLM successfully."""
-    return Query(f"time() - max({sel(engine.SCRAPE_LAST_SUCCESS)})", "age", instant=True)
+    """Seconds since the sidecar last scraped vLLM successfully (the stalest replica)."""
+    return Query(f"time() - min({sel(engine.SCRAPE_LAST_SUCCESS)})", "age", instant=True)
 
 
 def prometheus_targets() -> Query:
@@ -697,8 +762,8 @@ def embedded_alerts() -> list[Query]:
 
 
 def process_memory() -> list[Query]:
-    """The upstream process: resident memory and GPU memory."""
+    """The upstream process of each replica: resident memory and GPU memory."""
     return [
-        Query(f"max({sel(process.PROCESS_RESIDENT_MEMORY)})", "resident"),
-        Query(f"max({sel(process.PROCESS_GPU_MEMORY)})", "GPU"),
+        Query(by(INSTANCE, sel(process.PROCESS_RESIDENT_MEMORY), "max"), "resident {{instance}}"),
+        Query(by(INSTANCE, sel(process.PROCESS_GPU_MEMORY), "max"), "GPU {{instance}}"),
     ]

@@ -23,11 +23,12 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
     return [
         Row("Scheduler"),
         timeseries("Requests by state", "Requests inside the engine: running, waiting and (vLLM V0 only) swapped, "
-                   "summed over data-parallel engines. The dashed line is the queue alert's threshold.",
+                   "summed over data-parallel engines and replicas. The dashed line is the queue alert's threshold, "
+                   "which applies to each replica on its own.",
                    "short", q.engine_requests(), thresholds=[("green", None), ("red", rules.queue_waiting)],
                    lines=True),
-        timeseries("Running and waiting per engine", "vLLM's own running and waiting gauges, per engine.", "short",
-                   q.vllm_running_waiting()),
+        timeseries("Running and waiting per engine", "vLLM's own running and waiting gauges, per engine of each "
+                   "replica.", "short", q.vllm_running_waiting()),
         timeseries("Queue depth by reason", "Waiting requests by reason: capacity (no room in the batch or KV "
                    "cache) or deferred.", "short", q.waiting_by_reason()),
         timeseries("Queue time", "p50, p90, p99 of the time requests waited before first being scheduled.", "s",
@@ -38,25 +39,28 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    "reqps", q.engine_finished()),
         Row("Preemption"),
         timeseries("Preemptions per second", "Running requests preempted (KV cache full): the sidecar's sum over "
-                   "engines and vLLM's per-engine counter.", "ops", q.preemptions(), width=12),
+                   "engines and replicas, and vLLM's counter per engine of each replica.", "ops", q.preemptions(),
+                   width=12),
         timeseries("Preemptions per request", "p90 and p99 of how often a finished request was preempted.", "short",
                    q.preemptions_per_request(), width=12),
         Row("KV cache"),
-        timeseries("KV cache usage", "Share of GPU KV-cache blocks in use (the sidecar's block-weighted view and "
-                   "vLLM's per-engine gauge); the dashed line is the KV alert's threshold.", "percentunit",
+        timeseries("KV cache usage", "Share of GPU KV-cache blocks in use: the sidecar's block-weighted view of "
+                   "the fullest replica (the KV alert fires per replica) and vLLM's gauge per engine of each "
+                   "replica; the dashed line is the KV alert's threshold.", "percentunit",
                    q.kv_usage(), thresholds=kv_levels, lines=True, min_value=0, max_value=1),
         timeseries("KV blocks used and total", "KV-cache blocks in use against blocks allocated, and the sidecar's "
                    "estimate of blocks held by requests in flight.", "short", q.kv_blocks()),
         timeseries("KV block fragmentation", "Estimated internal fragmentation of the blocks held by in-flight "
-                   "requests: 1 - tokens / (blocks x block size). Absent with nothing in flight.", "percentunit",
-                   q.kv_fragmentation(), min_value=0, max_value=1),
-        timeseries("KV capacity and tokens in flight", "Tokens the KV cache can hold, tokens held by requests in "
-                   "flight, and tokens per block.", "short", q.kv_tokens()),
-        table("Cache configuration", "vLLM's cache_config_info per engine: block size, GPU blocks, KV tokens.",
-              "none", q.cache_config()),
+                   "requests: 1 - tokens / (blocks x block size), the worst replica. Absent with nothing in "
+                   "flight.", "percentunit", q.kv_fragmentation(), min_value=0, max_value=1),
+        timeseries("KV capacity and tokens in flight", "Tokens the KV caches can hold and tokens held by requests in "
+                   "flight (summed over replicas), and tokens per block.", "short", q.kv_tokens()),
+        table("Cache configuration", "vLLM's cache_config_info per engine of each replica: block size, GPU "
+              "blocks, KV tokens.", "none", q.cache_config()),
         Row("Prefix cache"),
         timeseries("Prefix-cache hit ratio", "Share of looked-up prompt tokens found in the prefix cache: local over "
-                   "the rate window, local since start, and through a KV connector.", "percentunit",
+                   "the rate window (hits over queries, summed over replicas), local since start (mean over "
+                   "replicas), and through a KV connector.", "percentunit",
                    q.prefix_cache_hit_ratio(), min_value=0, max_value=1),
         timeseries("Cached prompt tokens", "Prompt tokens per second skipped in prefill by cache tier, and prompt "
                    "tokens by where their KV came from.", "short", q.cached_prompt_tokens()),
@@ -66,7 +70,8 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Prefill against decode time", "Seconds of request time per second spent in prefill and in "
                    "decode (summed over engines).", "s", q.prefill_decode_time(), stacked=True),
         timeseries("Prefill and decode share", "Share of request time in prefill and in decode since the engine "
-                   "started.", "percentunit", q.prefill_decode_share(), min_value=0, max_value=1),
+                   "started, the mean over replicas.", "percentunit", q.prefill_decode_share(), min_value=0,
+                   max_value=1),
         timeseries("Request phases", "p90 of each request phase as vLLM measures it: prefill, decode and "
                    "inference (scheduled to last token).", "s", q.phase_latency()),
         timeseries("Engine-side latency", "vLLM's own p90 TTFT, inter-token latency, time per output token and "
@@ -87,12 +92,13 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    q.request_shape()),
         timeseries("Sequences per request", "p90 of the n parameter per finished request.", "short", q.request_n()),
         Row("Cold starts and readiness"),
-        timeseries("Readiness", "1 when the sidecar's readiness probe of vLLM succeeded, when the engine is awake "
-                   "and when Prometheus scraped vLLM.", "short", q.readiness(config.vllm_job), min_value=0,
-                   max_value=1),
-        stat("Engine restarts", "Cold starts in the time range: resets of vLLM's finished-request counter.",
+        timeseries("Readiness", "Per replica: 1 when the sidecar's readiness probe of vLLM succeeded, when the "
+                   "engine is awake and when Prometheus scraped vLLM.", "short", q.readiness(config.vllm_job),
+                   min_value=0, max_value=1),
+        stat("Engine restarts", "Cold starts in the time range: resets of vLLM's finished-request counter, "
+             "summed over replicas.",
              "short", q.cold_starts(), width=4, thresholds=[("green", None), ("orange", 1.0)]),
-        timeseries("Upstream process memory", "Resident and GPU memory of the vLLM processes.", "bytes",
+        timeseries("Upstream process memory", "Resident and GPU memory of each replica's vLLM process.", "bytes",
                    q.process_memory(), width=8),
         table("Engine generation", "The vLLM metrics generation detected and the number of data-parallel engines.",
               "none", q.engine_info(), width=4),

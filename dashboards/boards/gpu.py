@@ -35,7 +35,8 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
                    "watt", q.gpu_power()),
         stat("Energy in range", "Energy each GPU used over the selected time range.", "joule", q.gpu_energy(),
              width=8),
-        timeseries("Tokens per joule", "Generated tokens per joule of GPU energy, per model.", "short",
+        timeseries("Tokens per joule", "Generated tokens per joule of GPU energy, per model (the mean over "
+                   "replicas).", "short",
                    q.tokens_per_joule()),
         Row("Heat, clocks and throttling"),
         timeseries("Temperature", "GPU die temperature.", "celsius", q.gpu_temperature()),
@@ -47,7 +48,8 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
                    "short", q.xid_errors()),
         timeseries("ECC errors and row remapping", "ECC errors per second, remapped rows and pending remaps.",
                    "short", q.ecc_errors()),
-        timeseries("GPUs up", "GPUs answering NVML, GPUs NVML reports, and whether the exporter runs.", "short",
+        timeseries("GPUs up", "GPUs answering NVML and GPUs NVML reports, over all replicas, and whether "
+                   "every replica's exporter runs.", "short",
                    q.gpu_up()),
         timeseries("Exporter health", "NVML calls per second skipped as unsupported and failed, and the seconds "
                    "the last collection took.", "short", q.gpu_exporter_health(), width=12),

@@ -30,11 +30,13 @@ def items(config: DashboardConfig, _rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Archive activity", "Records archived, zstd frames written and segments published or deleted "
                    "per second.", "ops", q.archive_activity(), width=12),
         Row("Scraping"),
-        timeseries("Sidecar scrape of vLLM", "Whether the sidecar's last scrape of vLLM's /metrics worked, how long "
-                   "it took, and failures per second.", "short", q.scrape_health()),
+        timeseries("Sidecar scrape of vLLM", "Whether every sidecar's last scrape of vLLM's /metrics worked (the "
+                   "minimum over replicas), the longest scrape, and failures per second over all replicas.",
+                   "short", q.scrape_health()),
         timeseries("Scrape parse problems", "Malformed lines skipped per second, and vLLM families the catalog does "
                    "not know (a new vLLM version).", "short", q.scrape_problems()),
-        stat("Last successful scrape", "Seconds since the sidecar last scraped vLLM successfully.", "s",
+        stat("Last successful scrape", "Seconds since a sidecar last scraped vLLM successfully: the stalest "
+             "replica.", "s",
              q.scrape_age(), width=4, thresholds=[("green", None), ("red", 60.0)]),
         timeseries("Prometheus targets", "Prometheus' own scrape of each job: 1 up, 0 down.", "short",
                    q.prometheus_targets(), width=4, min_value=0, max_value=1),

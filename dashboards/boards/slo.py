@@ -36,8 +36,9 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         Row("Traffic and errors"),
         timeseries("Requests by outcome", "Requests per second through the sidecar, by outcome class.", "reqps",
                    q.requests_by_outcome(), stacked=True),
-        timeseries("Error ratio", "Share of requests that failed (upstream error, timeout, overload); the dashed "
-                   "lines are the circuit breaker's degrade and rollback thresholds.", "percentunit",
+        timeseries("Error ratio", "Share of requests that failed (upstream error, timeout, overload), over every "
+                   "selected instance (failed / all, summed over replicas); the dashed lines are the circuit "
+                   "breaker's degrade and rollback thresholds.", "percentunit",
                    q.error_ratio(), thresholds=[("green", None), ("orange", rules.degrade_error_ratio),
                                                 ("red", rules.rollback_error_ratio)], lines=True, min_value=0),
         timeseries("Goodput", f"Requests per second that succeeded within the latency SLO threshold "
@@ -47,6 +48,21 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Requests in flight", "Requests being proxied right now, per model.", "short", q.in_flight()),
         timeseries("Finish reasons", "Finished choices per second by finish_reason, as the sidecar saw them.",
                    "reqps", q.finish_reasons()),
+        Row("By instance (find the bad replica)"),
+        timeseries("Requests by instance", "Requests per second through each replica's sidecar (Prometheus' "
+                   "instance label), per model.", "reqps", q.requests_by_instance(), width=6),
+        timeseries("Error ratio by instance", "Share of each replica's requests that failed; the dashed lines are "
+                   "the circuit breaker's degrade and rollback thresholds (which watch the whole model).",
+                   "percentunit", q.error_ratio_by_instance(), width=6,
+                   thresholds=[("green", None), ("orange", rules.degrade_error_ratio),
+                               ("red", rules.rollback_error_ratio)], lines=True, min_value=0),
+        timeseries("TTFT p99 by instance", "p99 time to first token of each replica; exemplars link to traces.",
+                   "s", q.ttft_p99_by_instance(), width=6),
+        timeseries("KV cache usage by instance", "Share of each replica's KV-cache blocks in use (the sidecar's "
+                   "block-weighted view over its data-parallel engines); the dashed line is the KV alert's threshold, "
+                   "which fires per replica.", "percentunit", q.kv_usage_by_instance(), width=6,
+                   thresholds=[("green", None), ("red", rules.kv_cache_ratio)], lines=True, min_value=0,
+                   max_value=1),
         Row("Latency (click an exemplar to open its trace)"),
         timeseries("Time to first token", "p50, p90, p99 of the time to the first content chunk, per model; "
                    "exemplar dots link to the request's trace.", "s", q.ttft()),

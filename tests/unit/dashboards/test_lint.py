@@ -105,3 +105,36 @@ def test_structure_rules(boards: dict[str, dict[str, Any]]) -> None:
     assert "unique" in messages
     assert "uid" in messages
     assert any(f.rule == "uneditable-dashboard" for f in findings)
+
+
+@pytest.mark.parametrize(("expr", "rule"), [
+    ('sum(rate(inferwatch_requests_total{model_name=~"$model_name"}[$__rate_interval]))', "target-selector-rule"),
+    ('max by (engine) (vllm:num_requests_running{model_name=~"$model_name", engine=~"$engine", '
+     'instance=~"$instance"})', "target-instance-grouping-rule"),
+    ('sum(rate(inferwatch_requests_total{model_name=~"$model_name", instance=~"$pod"}[$__rate_interval]))',
+     "template-variable-defined-rule"),
+], ids=["a sidecar selector without the instance filter", "per-engine series added up across replicas",
+        "an undefined variable"])
+def test_replica_rules_catch_bad_queries(boards: dict[str, dict[str, Any]], expr: str, rule: str) -> None:
+    """Fleet queries filter on $instance and never add engine 0 of one pod to engine 0 of another."""
+    data = _mutated(boards)
+    _set_expr(data, expr)
+    assert rule in _rules(data)
+
+
+def test_instance_filter_is_for_scraped_families_only(boards: dict[str, dict[str, Any]]) -> None:
+    """Prometheus' own series (``up``, whose instance is any job's target) need no $instance filter."""
+    data = _mutated(boards)
+    _set_expr(data, 'min by (job) (up) + 0 * sum(rate(inferwatch_requests_total{model_name=~"$model_name", '
+                    'instance=~"$instance"}[$__rate_interval]))')
+    assert _rules(data) == set()
+
+
+def test_instance_variable_rules(boards: dict[str, dict[str, Any]]) -> None:
+    """A single-select instance variable is reported; a board whose queries use $instance needs it."""
+    data = _mutated(boards)
+    var = next(t for t in data["templating"]["list"] if t["name"] == "instance")
+    var.update(multi=False)
+    assert "template-selector-rule" in _rules(data)
+    data["templating"]["list"] = [t for t in data["templating"]["list"] if t["name"] != "instance"]
+    assert "template-variable-defined-rule" in _rules(data)
