@@ -147,3 +147,51 @@ def test_images_are_pinned(compose: dict[str, Any]) -> None:
         image = service.get("image", "")
         tag = image.rsplit(":", 1)[-1].rstrip("}") if ":" in image else ""
         assert tag not in ("", "latest"), name
+
+
+def test_vllm_services_send_their_spans_to_jaegers_otlp(compose: dict[str, Any]) -> None:
+    """Both vLLM services export traces over OTLP/HTTP to the jaeger service, as the sidecar does."""
+    sidecar_endpoint = next(a.split("=", 1)[1] for a in compose["services"]["sidecar-cpu"]["command"]
+                            if a.startswith("--tracing-otlp-endpoint="))
+    jaeger_ports = {p.split(":")[-1] for p in compose["services"]["jaeger"]["ports"]}
+    for name in ("vllm", "vllm-cpu"):
+        service = compose["services"][name]
+        endpoint = next(a.split("=", 1)[1] for a in service["command"] if a.startswith("--otlp-traces-endpoint="))
+        assert endpoint == sidecar_endpoint, name
+        assert endpoint.split("//", 1)[1].split(":", 1)[0] == "jaeger"
+        assert endpoint.split(":")[2].split("/", 1)[0] in jaeger_ports
+        assert service["environment"]["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf", name
+
+
+def test_each_sidecar_starts_after_its_profiles_vllm(compose: dict[str, Any]) -> None:
+    """A sidecar depends on the vLLM of its own profile, and every long-running service has a health check."""
+    services = compose["services"]
+    assert services["sidecar"]["depends_on"] == ["vllm"]
+    assert services["sidecar-cpu"]["depends_on"] == ["vllm-cpu"]
+    for name, service in services.items():
+        for dependency in service.get("depends_on", []):  # never a service another profile leaves out
+            assert services[dependency].get("profiles", service.get("profiles")) == service.get("profiles"), name
+    for name in ("vllm", "vllm-cpu", "sidecar", "sidecar-cpu", "prometheus", "alertmanager"):
+        assert services[name]["healthcheck"]["test"][0] == "CMD", name
+
+
+OVERRIDE = REPO / "deploy/compose/docker-compose.override.yml"
+
+
+def test_the_compose_test_override_only_swaps_images_and_the_model(compose: dict[str, Any]) -> None:
+    """`make compose-test`'s override names existing services and sets only ``image`` and a read-only model mount."""
+    override = yaml.safe_load(OVERRIDE.read_text())
+    assert set(override) == {"services"}
+    merged = copy.deepcopy(compose)
+    for name, service in override["services"].items():
+        assert name in compose["services"], name
+        assert set(service) <= {"image", "volumes"}, name
+        for volume in service.get("volumes", []):
+            source, target, mode = volume.split(":")
+            assert name == "vllm-cpu", volume
+            assert target.startswith("/models/"), volume
+            assert mode == "ro", volume
+            assert source.startswith("./build/"), volume
+        merged["services"][name].update(image=service["image"])
+    assert _schema_errors(merged) == []
+    assert _schema_errors(override) == []
