@@ -46,6 +46,10 @@ from exporters.records import length_bucket_labels, long_length_buckets
 DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
 """The circuit breaker's first level; the sidecar's load shedding watches it by this name."""
 M = "model_name"
+PER_REPLICA = "model_name, instance"
+"""Per-engine conditions keep the scrape target (one replica's sidecar), so the page names the pod; fleet
+conditions (error ratio, latency, SLOs) sum rates over instances by model. Where ``instance`` is absent
+(the embedded evaluator, a single target) grouping by it changes nothing."""
 
 Builder = Callable[[RulesConfig, tuple[int, ...]], list[AlertRule]]
 """An alert generator: ``(config, length bucket edges) -> alerts``, each with its runbook and scenario."""
@@ -78,7 +82,7 @@ def swapping(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     swapped = selector(ENGINE_REQUESTS.series, ("state", "=", "swapped"))
     return [AlertRule(
         name="InferwatchRequestsSwapped",
-        expr=f"sum by ({M}) ({swapped}) > 0",
+        expr=f"sum by ({PER_REPLICA}) ({swapped}) > 0",
         for_s=config.swap_for_s,
         severity=Severity.CRITICAL,
         summary="Requests have been swapped out of the KV cache for minutes.",
@@ -110,7 +114,7 @@ def preemption(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     w = duration(config.preemption_window_s)
     return [AlertRule(
         name="InferwatchPreemptionStorm",
-        expr=f"sum by ({M}) (increase({ENGINE_PREEMPTIONS.series}[{w}])) > 0",
+        expr=f"sum by ({PER_REPLICA}) (increase({ENGINE_PREEMPTIONS.series}[{w}])) > 0",
         for_s=config.preemption_for_s,
         severity=Severity.CRITICAL,
         summary="The engine keeps preempting running requests.",
@@ -321,7 +325,7 @@ def oom_burst(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     series = PROCESS_OOM_EVENTS.series
     return [AlertRule(
         name="InferwatchOOMBurst",
-        expr=f"sum(max_over_time({series}[{w}]) - min_over_time({series}[{w}])) >= {config.oom_count}",
+        expr=f"sum by (instance) (max_over_time({series}[{w}]) - min_over_time({series}[{w}])) >= {config.oom_count}",
         severity=Severity.CRITICAL,
         summary="The upstream hit several out-of-memory errors in a few seconds.",
         description=(
@@ -432,7 +436,7 @@ def queue(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     waiting = selector(ENGINE_REQUESTS.series, ("state", "=", "waiting"))
     return [AlertRule(
         name="InferwatchQueueBacklog",
-        expr=f"sum by ({M}) ({waiting}) > {number(config.queue_waiting)}",
+        expr=f"sum by ({PER_REPLICA}) ({waiting}) > {number(config.queue_waiting)}",
         for_s=config.queue_for_s,
         severity=Severity.WARNING,
         summary="Requests are piling up in the scheduler queue.",
@@ -524,7 +528,8 @@ def log_drops(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     dropped = selector(LOG_RECORDS_DROPPED.series, ("reason", "=", "queue_full"))
     return [AlertRule(
         name="InferwatchLogRecordsDropped",
-        expr=f"sum(increase({dropped}[{w}])) > 0 or sum(increase({LOG_RECORDS_LOST.series}[{w}])) > 0",
+        expr=(f"sum by (instance) (increase({dropped}[{w}])) > 0"
+              f" or sum by (instance) (increase({LOG_RECORDS_LOST.series}[{w}])) > 0"),
         severity=Severity.WARNING,
         summary="The log pipeline is dropping request records.",
         description=(

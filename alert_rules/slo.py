@@ -2,13 +2,18 @@
 
 Two SLOs per model: availability (share of requests whose outcome is an error) and latency
 (share of requests slower than a latency bucket bound). Raw samples are read only at the
-evaluation instant: a recording rule sums each SLO's event counters per model, and every
-window's error ratio is a ``rate()`` over those recorded sums. So the long windows (6h, 3d)
-read recording-rule outputs, never raw series, and the embedded evaluator's memory stays
-bounded by the number of models, not by the number of raw series.
+evaluation instant: a recording rule sums each SLO's event counters per model and scrape target
+(``instance``: one sidecar), and every window's error ratio sums the ``rate()`` of those recorded
+sums over the instances of a model, then divides (bad over all, summed over replicas). So the
+long windows (6h, 3d) read recording-rule outputs, never raw series, and the embedded
+evaluator's memory stays bounded by the number of models and replicas, not by the number of raw
+series.
 
-A recorded sum of counters drops when one of its series disappears (the sidecar restarts and
-all of them reset together, which ``rate()`` handles as one reset).
+A recorded sum of counters drops when one of its series disappears: one sidecar restarts and all
+of its counters reset together, which ``rate()`` handles as one reset of that instance's sum. The
+sum is per instance for that reason: summed across replicas, one pod's restart would look like a
+reset of the whole fleet's sum, and ``rate()`` would count every other pod's total as new events.
+The embedded evaluator reads its own sidecar's series, which have no ``instance``: one group.
 
 Each SLO carries the promtool scenario of its burn alerts; their runbooks are written here too.
 """
@@ -44,7 +49,10 @@ EVENTS = SLO_EVENTS.series
 BAD_EVENTS = SLO_BAD_EVENTS.series
 """Recorded: the events that miss the SLO, per model and ``slo``."""
 
-BY = "model_name"
+BY = "model_name, instance"
+"""Event sums are kept per model and scrape target, so each one resets only with its own sidecar."""
+RATIO_BY = "model_name, slo"
+"""Error ratios aggregate across instances: the rates of the per-instance sums, summed by model and SLO."""
 
 
 def error_outcomes() -> tuple[str, ...]:
@@ -132,14 +140,14 @@ def slos(config: RulesConfig) -> tuple[Slo, ...]:
 
 
 def recording_rules(config: RulesConfig) -> tuple[RecordingRule, ...]:
-    """Per-SLO event sums, then one error-ratio rule per window covering every SLO."""
+    """Per-SLO event sums per instance, then one error-ratio rule per window covering every SLO and model."""
     rules: list[RecordingRule] = []
     for slo in slos(config):
         rules.append(RecordingRule(EVENTS, slo.events, {"slo": slo.name}))
         rules.append(RecordingRule(BAD_EVENTS, slo.bad_events, {"slo": slo.name}))
     for window in windows_used(WINDOW_PAIRS):
         w = duration(window)
-        expr = f"rate({BAD_EVENTS}[{w}]) / rate({EVENTS}[{w}])"
+        expr = f"sum by ({RATIO_BY}) (rate({BAD_EVENTS}[{w}])) / sum by ({RATIO_BY}) (rate({EVENTS}[{w}]))"
         rules.append(RecordingRule(error_ratio_name(window), expr))
     return tuple(rules)
 

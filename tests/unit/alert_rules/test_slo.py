@@ -32,7 +32,7 @@ def test_availability_counts_error_outcomes_and_never_lacks_a_series() -> None:
     """Bad events are the error outcomes, with a zero fallback so the first error is counted."""
     bad = slo.availability().bad_events
     assert 'outcome=~"upstream_error|timeout|overloaded"' in bad
-    assert f"or (sum by (model_name) ({REQUESTS.series}) * 0)" in bad
+    assert f"or (sum by (model_name, instance) ({REQUESTS.series}) * 0)" in bad
 
 
 def test_long_windows_read_recorded_sums_not_raw_series() -> None:
