@@ -100,6 +100,7 @@ class EngineCollector(Collector):
         views = derive.model_views(state.snapshot)
         yield from self._engine(state, views)
         yield from self._kv(views)
+        yield from self._swap(views)
         yield from self._fragmentation(views)
 
     def _scrape_health(self, state: EngineState) -> Iterator[Metric]:
@@ -153,6 +154,13 @@ class EngineCollector(Collector):
         for model, hist in sorted(state.batch_requests.items()):
             _histogram_family(ce.ENGINE_BATCH_REQUESTS, model, hist, batch)
         yield from (info, requests, preempt, prefill, decode, p_share, d_share, hit, gen_tokens, steps, batch)
+        waiting, rejections = _gauge(ce.ENGINE_WAITING_BY_REASON), _counter(ce.ENGINE_ADMISSION_REJECTIONS)
+        for v in views:
+            for reason, value in (v.waiting_by_reason or {}).items():
+                waiting.add_metric([v.model, reason], value)
+            for reason, value in (v.admission_rejections_by_reason or {}).items():
+                rejections.add_metric([v.model, reason], value)
+        yield from (waiting, rejections)
         tpj = _gauge(cg.GPU_TOKENS_PER_JOULE)
         for model, value in state.tokens_per_joule:
             tpj.add_metric([model], value)
@@ -170,6 +178,22 @@ class EngineCollector(Collector):
                 if value is not None:
                     fam.add_metric([v.model], float(value))
             yield fam
+
+    def _swap(self, views: list[derive.ModelView]) -> Iterator[Metric]:
+        moved, seconds = _counter(ce.KV_SWAP_BYTES), _counter(ce.KV_SWAP_SECONDS)
+        usage, failures = _gauge(ce.KV_SWAP_CPU_USAGE), _counter(ce.KV_SWAP_ALLOCATION_FAILURES)
+        for v in views:
+            for fam, direction, value in (
+                (moved, "store", v.offload_store_bytes), (moved, "load", v.offload_load_bytes),
+                (seconds, "store", v.offload_store_seconds), (seconds, "load", v.offload_load_seconds),
+            ):
+                if value is not None:
+                    fam.add_metric([v.model, direction], value)
+            if v.offload_cpu_usage is not None:
+                usage.add_metric([v.model], v.offload_cpu_usage)
+            if v.offload_allocation_failures is not None:
+                failures.add_metric([v.model], v.offload_allocation_failures)
+        yield from (moved, seconds, usage, failures)
 
     def _fragmentation(self, views: list[derive.ModelView]) -> Iterator[Metric]:
         tokens, blocks, ratio = _gauge(ce.KV_INFLIGHT_TOKENS), _gauge(ce.KV_INFLIGHT_BLOCKS), \

@@ -35,6 +35,31 @@ class ModelView:
     decode_seconds: float | None
     generation_tokens: float | None
     step_tokens: Histogram | None
+    waiting_by_reason: dict[str, float] | None = None
+    admission_rejections_by_reason: dict[str, float] | None = None
+    offload_store_bytes: float | None = None
+    offload_load_bytes: float | None = None
+    offload_store_seconds: float | None = None
+    offload_load_seconds: float | None = None
+    offload_cpu_usage: float | None = None
+    offload_allocation_failures: float | None = None
+
+    @property
+    def admission_rejections(self) -> float | None:
+        """Requests vLLM refused with 503 at its queue limits, every reason together (None before 0.33)."""
+        return _sum(self.admission_rejections_by_reason.values()) if self.admission_rejections_by_reason else None
+
+    @property
+    def kv_offload(self) -> dict[str, float | None] | None:
+        """KV offloading (V1's swap): bytes and seconds each way and CPU space used; None when vLLM exposes none."""
+        out = {
+            "store_bytes": self.offload_store_bytes, "load_bytes": self.offload_load_bytes,
+            "store_seconds": self.offload_store_seconds, "load_seconds": self.offload_load_seconds,
+            "cpu_cache_usage": self.offload_cpu_usage,
+        }
+        if all(v is None for v in out.values()) and self.offload_allocation_failures is None:
+            return None
+        return out
 
     @property
     def prefill_share(self) -> float | None:
@@ -130,6 +155,18 @@ def _merge_histograms(histograms: Sequence[Histogram]) -> Histogram | None:
     )
 
 
+def _by_label(pairs: Iterable[tuple[str, float]]) -> dict[str, float] | None:
+    out: dict[str, float] = {}
+    for key, value in pairs:
+        out[key] = out.get(key, 0.0) + value
+    return dict(sorted(out.items())) if out else None
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) / len(present) if present else None
+
+
 def _cache_of(snapshot: EngineSnapshot, model: str, series: Sequence[EngineSeries]) -> list[CacheInfo]:
     if len(snapshot.models) <= 1:
         return list(snapshot.cache)
@@ -164,6 +201,16 @@ def model_view(snapshot: EngineSnapshot, model: str) -> ModelView:
         decode_seconds=_sum(s.decode_seconds for s in series),
         generation_tokens=_sum(s.generation_tokens for s in series),
         step_tokens=_merge_histograms([s.step_tokens for s in series if s.step_tokens is not None]),
+        waiting_by_reason=_by_label(pair for s in series for pair in s.waiting_by_reason),
+        admission_rejections_by_reason=_by_label(
+            (reason, value) for m, reason, value in snapshot.admission_rejections if m == model
+        ),
+        offload_store_bytes=_sum(s.offload_store_bytes for s in series),
+        offload_load_bytes=_sum(s.offload_load_bytes for s in series),
+        offload_store_seconds=_sum(s.offload_store_seconds for s in series),
+        offload_load_seconds=_sum(s.offload_load_seconds for s in series),
+        offload_cpu_usage=_mean(s.offload_cpu_usage for s in series),
+        offload_allocation_failures=_sum(s.offload_allocation_failures for s in series),
     )
 
 
@@ -181,6 +228,7 @@ def normalized(snapshot: EngineSnapshot) -> dict[str, object]:
         snapshot.generation,
         tuple(EngineSeries(**{**_as_dict(s), "model": "*"}) for s in snapshot.series),
         snapshot.cache,
+        admission_rejections=tuple(("*", reason, value) for _m, reason, value in snapshot.admission_rejections),
     )
     out = _view_dict(model_view(combined, "*"))
     out.pop("model")
@@ -216,6 +264,9 @@ def _view_dict(view: ModelView) -> dict[str, object]:
         "decode_seconds": view.decode_seconds,
         "prefill_share": view.prefill_share,
         "decode_share": view.decode_share,
+        "waiting_by_reason": view.waiting_by_reason,
+        "admission_rejections": view.admission_rejections,
+        "kv_offload": view.kv_offload,
     }
 
 

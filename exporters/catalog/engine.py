@@ -82,6 +82,21 @@ ENGINE_GENERATION_TOKENS = MetricSpec(
     M, "tokens",
 )
 
+ENGINE_WAITING_BY_REASON = MetricSpec(
+    "inferwatch_engine_waiting_requests", G,
+    "Waiting requests by reason: sum over engines of vllm:num_requests_waiting_by_reason (0.32+; capacity = "
+    "no room in the batch or KV cache, deferred = held back by a transient constraint such as the LoRA budget "
+    "or a KV transfer). The reasons add up to inferwatch_engine_requests{state=\"waiting\"}.",
+    ("model_name", "reason"), "requests",
+)
+ENGINE_ADMISSION_REJECTIONS = MetricSpec(
+    "inferwatch_engine_admission_rejections", C,
+    "Requests vLLM itself refused with 503 because a queue limit was reached (--max-num-queued-reqs, "
+    "--max-num-queued-tokens): vllm:admission_rejections_total (0.33+), by reason. Those that came through the "
+    "sidecar are also in inferwatch_requests_total{outcome=\"overloaded\"}; the SLO counts each once.",
+    ("model_name", "reason"), "requests",
+)
+
 KV_USAGE = MetricSpec(
     "inferwatch_kv_cache_usage_ratio", G,
     "Fraction of GPU KV-cache blocks in use: vllm:kv_cache_usage_perc (V0: vllm:gpu_cache_usage_perc), "
@@ -132,6 +147,35 @@ KV_FRAGMENTATION = MetricSpec(
     M, "ratio",
 )
 
+# KV swap: V0 swapped whole requests to CPU memory; V1 offloads KV blocks through the OffloadingConnector
+# (vllm:kv_offload_*). Both land in one family, by direction: store = GPU to CPU, load = CPU to GPU.
+KV_SWAP_BYTES = MetricSpec(
+    "inferwatch_kv_swap_bytes", C,
+    "Bytes of KV cache moved between the GPU and the CPU offload space, by direction (store: GPU to CPU, "
+    "load: CPU to GPU): sum over engines of vllm:kv_offload_store_bytes_total / vllm:kv_offload_load_bytes_total "
+    "(V1 with the OffloadingConnector; the deprecated vllm:kv_offload_total_bytes_total by transfer_type when "
+    "only it is present). Absent without offloading.",
+    ("model_name", "direction"), "bytes",
+)
+KV_SWAP_SECONDS = MetricSpec(
+    "inferwatch_kv_swap_seconds", C,
+    "Seconds spent moving KV cache between the GPU and the CPU offload space, by direction: sum over engines "
+    "of vllm:kv_offload_store_time_total / vllm:kv_offload_load_time_total. Absent without offloading.",
+    ("model_name", "direction"), "seconds",
+)
+KV_SWAP_CPU_USAGE = MetricSpec(
+    "inferwatch_kv_swap_cpu_usage_ratio", G,
+    "Fraction (0-1) of the CPU KV space in use, mean over engines: vllm:kv_offload_cpu_cache_usage_perc (V1 "
+    "offloading) or vllm:cpu_cache_usage_perc (V0 swap space). Absent when vLLM has neither.",
+    M, "ratio",
+)
+KV_SWAP_ALLOCATION_FAILURES = MetricSpec(
+    "inferwatch_kv_swap_allocation_failures", C,
+    "Stores to the CPU offload space that could not allocate room: sum over engines of "
+    "vllm:kv_offload_allocation_failure_total. Absent without offloading.",
+    M,
+)
+
 SCRAPE_UP = MetricSpec(
     "inferwatch_upstream_scrape_up", G,
     "1 when the last scrape of the upstream's /metrics returned 200 and parsed, else 0.", ("upstream",),
@@ -165,8 +209,9 @@ SCRAPE_LAST_SUCCESS = MetricSpec(
 SPECS: tuple[MetricSpec, ...] = (
     ENGINE_INFO, ENGINE_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_PREFILL_SECONDS, ENGINE_DECODE_SECONDS,
     ENGINE_PREFILL_SHARE, ENGINE_DECODE_SHARE, ENGINE_PREFIX_CACHE_HIT_RATIO, ENGINE_STEP_TOKENS,
-    ENGINE_BATCH_REQUESTS, ENGINE_GENERATION_TOKENS, KV_USAGE, KV_BLOCKS_TOTAL, KV_BLOCKS_USED,
-    KV_BLOCK_SIZE, KV_CAPACITY_TOKENS, KV_INFLIGHT_TOKENS, KV_INFLIGHT_BLOCKS, KV_FRAGMENTATION,
+    ENGINE_BATCH_REQUESTS, ENGINE_GENERATION_TOKENS, ENGINE_WAITING_BY_REASON, ENGINE_ADMISSION_REJECTIONS,
+    KV_SWAP_BYTES, KV_SWAP_SECONDS, KV_SWAP_CPU_USAGE, KV_SWAP_ALLOCATION_FAILURES, KV_USAGE, KV_BLOCKS_TOTAL,
+    KV_BLOCKS_USED, KV_BLOCK_SIZE, KV_CAPACITY_TOKENS, KV_INFLIGHT_TOKENS, KV_INFLIGHT_BLOCKS, KV_FRAGMENTATION,
     SCRAPE_UP, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_PARSE_ERRORS, SCRAPE_UNKNOWN_FAMILIES,
     SCRAPE_LAST_SUCCESS,
 )

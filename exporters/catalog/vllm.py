@@ -14,6 +14,14 @@ from exporters.catalog.spec import MetricSpec, MetricType, Source
 
 ENGINE_LABELS = ("model_name", "engine")
 
+RAY_PREFIXES = ("ray_vllm:", "ray_vllm_")
+"""Prefixes Ray Serve LLM puts in front of vLLM's names instead of ``vllm:``: Ray's metrics agent adds
+``ray_``, and vLLM 0.33's Ray stat logger (``vllm/v1/metrics/ray_wrappers.py``) also turns ``:`` into
+``_`` (``ray_vllm_num_requests_running``); earlier releases kept the colon (``ray_vllm:...``). Ray adds
+a ``ReplicaId`` label (one vLLM per Serve replica)."""
+RAY_REPLICA_LABEL = "ReplicaId"
+VLLM_PREFIX = "vllm:"
+
 GENERATIONS = ("v0", "v1", "v1_engine")
 """``v0``: V0 engine (0.6–0.9); ``v1``: V1 up to 0.11 (no engine label in most setups is not
 guaranteed, names as 0.11); ``v1_engine``: current 0.3x with an ``engine`` label on every series."""
@@ -140,6 +148,106 @@ ESTIMATED_WRITE_BYTES_PER_GPU = _vllm(
     "vllm:estimated_write_bytes_per_gpu_total", C, "Estimated bytes written per GPU.", unit="bytes",
 )
 
+CORRUPTED_REQUESTS = _vllm(
+    "vllm:corrupted_requests", C,
+    "0.33, only with VLLM_COMPUTE_NANS_IN_LOGITS=1: finished requests that had NaNs in their logits.",
+    unit="requests",
+)
+WATERMARK_REQUESTS = _vllm(
+    "vllm:watermark_requests", C,
+    "0.33, only with a watermark config: finished requests by status (watermarked, skipped, not_watermarked).",
+    (*ENGINE_LABELS, "status"), unit="requests",
+)
+TOOL_CALL_PARSER_INVOCATIONS = _vllm(
+    "vllm:tool_call_parser_invocations_total", C,
+    "0.33, only with --tool-call-parser: tool-call parser runs by mode (streaming, non_streaming), outcome "
+    "(tool_call, no_tool_call) and request_type (chat_completions, responses, other).",
+    ("model_name", "mode", "outcome", "request_type"),
+)
+NUM_REQUESTS_KV_FETCH_BY_STAGE = _vllm(
+    "vllm:num_requests_kv_fetch_by_stage", G,
+    "0.33, only on a KV-transfer consumer: waiting requests by async KV-load stage (waiting_to_start, "
+    "in_progress, completed_waiting).",
+    (*ENGINE_LABELS, "stage"), unit="requests",
+)
+
+# --- KV offloading (OffloadingConnector, 0.33: vllm/distributed/kv_transfer/kv_connector/v1/offloading/
+# metrics.py and vllm/v1/kv_offload/cpu/common.py); present only with the connector configured.
+_TRANSFER_SIZE = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+KV_OFFLOAD_STORE_BYTES = _vllm(
+    "vllm:kv_offload_store_bytes", C, "Bytes stored from the GPU KV cache to the offload medium (CPU).",
+    unit="bytes",
+)
+KV_OFFLOAD_LOAD_BYTES = _vllm(
+    "vllm:kv_offload_load_bytes", C, "Bytes loaded from the offload medium (CPU) back into the GPU KV cache.",
+    unit="bytes",
+)
+KV_OFFLOAD_STORE_TIME = _vllm(
+    "vllm:kv_offload_store_time", C, "Seconds spent storing KV blocks from the GPU to the offload medium.",
+    unit="seconds",
+)
+KV_OFFLOAD_LOAD_TIME = _vllm(
+    "vllm:kv_offload_load_time", C, "Seconds spent loading KV blocks from the offload medium to the GPU.",
+    unit="seconds",
+)
+KV_OFFLOAD_STORE_SIZE = _vllm(
+    "vllm:kv_offload_store_size", H, "Bytes per store operation.", unit="bytes", bounds=_TRANSFER_SIZE,
+)
+KV_OFFLOAD_LOAD_SIZE = _vllm(
+    "vllm:kv_offload_load_size", H, "Bytes per load operation.", unit="bytes", bounds=_TRANSFER_SIZE,
+)
+KV_OFFLOAD_LOOKUP_SYNC_DELAY = _vllm(
+    "vllm:kv_offload_lookup_sync_delay_seconds", H, "Seconds one offload lookup call took.", unit="seconds",
+)
+KV_OFFLOAD_LOOKUP_ASYNC_DELAY = _vllm(
+    "vllm:kv_offload_lookup_async_delay_seconds", H,
+    "Seconds from a request's first offload lookup until its asynchronous lookup resolved.", unit="seconds",
+)
+KV_OFFLOAD_ALLOCATION_FAILURE = _vllm(
+    "vllm:kv_offload_allocation_failure", C, "Store allocations in the offload medium that failed.",
+)
+KV_OFFLOAD_CONFIG_INFO = _vllm(
+    "vllm:kv_offload_config_info", G,
+    "Value 1; static offload configuration (CPU spec: cpu_num_chunks, cpu_blocks_per_chunk, "
+    "cpu_kv_cache_size_bytes, cpu_kv_cache_size_tokens).",
+    ("engine", "cpu_num_chunks", "cpu_blocks_per_chunk", "cpu_kv_cache_size_bytes", "cpu_kv_cache_size_tokens"),
+)
+KV_OFFLOAD_CPU_CACHE_USAGE_PERC = _vllm(
+    "vllm:kv_offload_cpu_cache_usage_perc", G, "Fraction (0-1) of the CPU offload space in use.", unit="ratio",
+)
+KV_OFFLOAD_CPU_CACHE_WRITE_USAGE_PERC = _vllm(
+    "vllm:kv_offload_cpu_cache_write_usage_perc", G,
+    "Fraction (0-1) of the CPU offload space pinned by stores in flight.", unit="ratio",
+)
+KV_OFFLOAD_CPU_CACHE_READ_USAGE_PERC = _vllm(
+    "vllm:kv_offload_cpu_cache_read_usage_perc", G,
+    "Fraction (0-1) of the CPU offload space pinned by loads in flight.", unit="ratio",
+)
+KV_OFFLOAD_CPU_ALLOCATION_SIZE = _vllm(
+    "vllm:kv_offload_cpu_allocation_size", H, "Chunks allocated in the CPU offload space per store.",
+)
+KV_OFFLOAD_STORES_SKIPPED = _vllm(
+    "vllm:kv_offload_stores_skipped", C, "Stores skipped by the CPU spec's store_threshold (when >= 2).",
+)
+KV_OFFLOAD_TOTAL_BYTES = _vllm(
+    "vllm:kv_offload_total_bytes", C,
+    "Deprecated, still emitted for the CPU spec: bytes moved by transfer_type (GPU_to_CPU = store, "
+    "CPU_to_GPU = load).",
+    (*ENGINE_LABELS, "transfer_type"), unit="bytes",
+)
+KV_OFFLOAD_TOTAL_TIME = _vllm(
+    "vllm:kv_offload_total_time", C,
+    "Deprecated, still emitted for the CPU spec: transfer seconds by transfer_type.",
+    (*ENGINE_LABELS, "transfer_type"), unit="seconds",
+)
+KV_OFFLOAD_SIZE = _vllm(
+    "vllm:kv_offload_size", H, "Deprecated, still emitted for the CPU spec: bytes per transfer by transfer_type.",
+    (*ENGINE_LABELS, "transfer_type"), unit="bytes", bounds=_TRANSFER_SIZE,
+)
+KV_OFFLOAD_STORE_TRANSFER = "GPU_to_CPU"
+KV_OFFLOAD_LOAD_TRANSFER = "CPU_to_GPU"
+"""``transfer_type`` values of the deprecated offload families."""
+
 # --- histograms -------------------------------------------------------------------------------
 _TOK = buckets.REQUEST_TOKENS
 REQUEST_PROMPT_TOKENS = _vllm(
@@ -218,12 +326,30 @@ SPECS: tuple[MetricSpec, ...] = (
     REQUEST_PREFILL_KV_COMPUTED_TOKENS, ITERATION_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY,
     REQUEST_TIME_PER_OUTPUT_TOKEN, E2E_REQUEST_LATENCY, REQUEST_QUEUE_TIME, REQUEST_INFERENCE_TIME,
     REQUEST_PREFILL_TIME, REQUEST_DECODE_TIME, REQUEST_NUM_PREEMPTIONS,
+    CORRUPTED_REQUESTS, WATERMARK_REQUESTS, TOOL_CALL_PARSER_INVOCATIONS, NUM_REQUESTS_KV_FETCH_BY_STAGE,
+    KV_OFFLOAD_STORE_BYTES, KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_TIME, KV_OFFLOAD_LOAD_TIME,
+    KV_OFFLOAD_STORE_SIZE, KV_OFFLOAD_LOAD_SIZE, KV_OFFLOAD_LOOKUP_SYNC_DELAY, KV_OFFLOAD_LOOKUP_ASYNC_DELAY,
+    KV_OFFLOAD_ALLOCATION_FAILURE, KV_OFFLOAD_CONFIG_INFO, KV_OFFLOAD_CPU_CACHE_USAGE_PERC,
+    KV_OFFLOAD_CPU_CACHE_WRITE_USAGE_PERC, KV_OFFLOAD_CPU_CACHE_READ_USAGE_PERC, KV_OFFLOAD_CPU_ALLOCATION_SIZE,
+    KV_OFFLOAD_STORES_SKIPPED, KV_OFFLOAD_TOTAL_BYTES, KV_OFFLOAD_TOTAL_TIME, KV_OFFLOAD_SIZE,
 )
-"""Every vLLM family the sidecar knows: the 39 of 0.32, the V0-only gauges and the LoRA info gauge."""
+"""Every vLLM family the sidecar knows: the 39 of 0.32, the V0-only gauges, the LoRA info gauge, and the 0.33
+families that appear only when a feature is on (NaN checks, watermarking, tool-call parsing, KV transfer and
+offloading)."""
+
+CONDITIONAL_0_33: tuple[MetricSpec, ...] = (
+    CORRUPTED_REQUESTS, WATERMARK_REQUESTS, TOOL_CALL_PARSER_INVOCATIONS, NUM_REQUESTS_KV_FETCH_BY_STAGE,
+    KV_OFFLOAD_STORE_BYTES, KV_OFFLOAD_LOAD_BYTES, KV_OFFLOAD_STORE_TIME, KV_OFFLOAD_LOAD_TIME,
+    KV_OFFLOAD_STORE_SIZE, KV_OFFLOAD_LOAD_SIZE, KV_OFFLOAD_LOOKUP_SYNC_DELAY, KV_OFFLOAD_LOOKUP_ASYNC_DELAY,
+    KV_OFFLOAD_ALLOCATION_FAILURE, KV_OFFLOAD_CONFIG_INFO, KV_OFFLOAD_CPU_CACHE_USAGE_PERC,
+    KV_OFFLOAD_CPU_CACHE_WRITE_USAGE_PERC, KV_OFFLOAD_CPU_CACHE_READ_USAGE_PERC, KV_OFFLOAD_CPU_ALLOCATION_SIZE,
+    KV_OFFLOAD_STORES_SKIPPED, KV_OFFLOAD_TOTAL_BYTES, KV_OFFLOAD_TOTAL_TIME, KV_OFFLOAD_SIZE,
+)
+"""0.33 families registered only with a feature switched on (read from the 0.33.0 wheel's source)."""
 
 _NOT_DEFAULT_IN_CURRENT = (
     NUM_REQUESTS_SWAPPED, CPU_CACHE_USAGE_PERC, GPU_PREFIX_CACHE_HIT_RATE, CPU_PREFIX_CACHE_HIT_RATE,
-    LORA_REQUESTS_INFO,
+    LORA_REQUESTS_INFO, *CONDITIONAL_0_33,
 )
 CURRENT_FAMILIES: tuple[MetricSpec, ...] = tuple(
     s for s in SPECS if all(s is not other for other in _NOT_DEFAULT_IN_CURRENT)

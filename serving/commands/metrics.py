@@ -16,7 +16,8 @@ _FIELDS = (
     ("block_size", "block size"), ("capacity_tokens", "capacity tokens"),
     ("prefix_hit_ratio", "prefix hit ratio"), ("prefill_seconds", "prefill seconds"),
     ("decode_seconds", "decode seconds"), ("prefill_share", "prefill share"),
-    ("parse_errors", "parse errors"), ("unknown_families", "unknown families"),
+    ("waiting_by_reason", "waiting reasons"), ("admission_rejections", "vLLM rejections"),
+    ("kv_offload", "KV offload"), ("parse_errors", "parse errors"), ("unknown_families", "unknown families"),
 )
 
 
@@ -25,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("metrics", help="Work with vLLM /metrics expositions.")
     sub = parser.add_subparsers(dest="metrics_command", metavar="SUBCOMMAND", required=True)
     derive = sub.add_parser(
-        "derive", help="Print the normalized view (generation, requests, KV blocks, prefix hits, "
-        "prefill/decode time) of one saved vLLM /metrics text ('-' reads stdin).",
+        "derive", help="Print the normalized view (generation, requests, waiting by reason, admission "
+        "rejections, KV blocks, KV offload, prefix hits, prefill/decode time) of one saved vLLM /metrics "
+        "text ('-' reads stdin).",
     )
     derive.add_argument("file", metavar="FILE")
     derive.add_argument("--json", action="store_true", help="One JSON object; null where the text does not say.")
@@ -49,6 +51,8 @@ def _show(value: object) -> str:
         return f"{value:.6g}"
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_show(v)}" for k, v in value.items()) or "-"
     return str(value)
 
 
