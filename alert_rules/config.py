@@ -154,6 +154,23 @@ class RulesConfig:
     queue_for_s: float = setting(300.0, "Seconds the queue must stay long.", check=_whole_seconds)
     upstream_down_for_s: float = setting(60.0, "Seconds the upstream scrape must fail before alerting.",
                                          check=_whole_seconds)
+    # Wedged engine and KV offloading.
+    wedged_stall_s: float = setting(
+        120.0, "The engine counts as wedged when requests wait, no token was generated for this many seconds, "
+        "the KV cache is not full (below kv_cache_ratio) and /health still answers 200.",
+        check=_whole_positive_seconds,
+    )
+    wedged_for_s: float = setting(60.0, "Seconds the wedged condition must hold before paging.",
+                                  check=_whole_seconds)
+    kv_offload_bytes_per_s: float = setting(
+        1e9, "Alert when KV offload traffic between GPU and CPU (stores plus loads) exceeds this many bytes per "
+        "second.", check=positive,
+    )
+    kv_offload_window_s: float = setting(
+        300.0, "Rate window of the KV offload traffic.", check=_whole_positive_seconds
+    )
+    kv_offload_for_s: float = setting(900.0, "Seconds the KV offload traffic must stay high.",
+                                      check=_whole_seconds)
     log_drops_window_s: float = setting(
         300.0, "Alert when the log pipeline dropped records within this window.",
         check=_whole_positive_seconds,

@@ -35,11 +35,19 @@ from alert_rules.scenario import (
 from alert_rules.slo import error_outcomes, le_value
 from alert_rules.spec import AlertRule, RuleGroup, Severity, any_of, duration, number, selector
 from exporters import buckets
-from exporters.catalog.engine import ENGINE_BATCH_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_REQUESTS, KV_USAGE, SCRAPE_UP
+from exporters.catalog.engine import (
+    ENGINE_BATCH_REQUESTS,
+    ENGINE_GENERATION_TOKENS,
+    ENGINE_PREEMPTIONS,
+    ENGINE_REQUESTS,
+    KV_SWAP_BYTES,
+    KV_USAGE,
+    SCRAPE_UP,
+)
 from exporters.catalog.gpu import GPU_MEMORY_TOTAL, GPU_MEMORY_USED
 from exporters.catalog.pipeline import LOG_RECORDS_DROPPED, LOG_RECORDS_LOST
 from exporters.catalog.process import PROCESS_OOM_EVENTS, PROCESS_RESIDENT_MEMORY
-from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
+from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS, UPSTREAM_READY
 from exporters.errors import ConfigError
 from exporters.records import length_bucket_labels, long_length_buckets
 
@@ -596,9 +604,111 @@ def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule
     )]
 
 
+def _wedged_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.wedged_stall_s)
+    n = steps_needed(c.wedged_stall_s + c.wedged_for_s + 2 * step, step)
+    model = ("model_name", "=", MODEL)
+    waiting = Series(selector(ENGINE_REQUESTS.series, model, ("state", "=", "waiting")), gauge_values(4, n))
+    kv = Series(selector(KV_USAGE.series, model), gauge_values(c.kv_cache_ratio / 2, n))
+    ready = Series(selector(UPSTREAM_READY.series, ("upstream", "=", UPSTREAM)), gauge_values(1, n))
+    tokens = selector(ENGINE_GENERATION_TOKENS.series, model)
+    stuck, moving = Series(tokens, gauge_values(500, n)), Series(tokens, counter_values(100, n, 500))
+    # increase() needs two samples in the stall window: true from the second sample on.
+    return Scenario(step, (waiting, stuck, kv, ready), (waiting, moving, kv, ready), step, {"model_name": MODEL})
+
+
+def wedged_engine(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
+    """vLLM issue 53130: requests wait, no token comes out, the KV cache has room and /health still says 200."""
+    w = duration(config.wedged_stall_s)
+    waiting = selector(ENGINE_REQUESTS.series, ("state", "=", "waiting"))
+    by = PER_REPLICA
+    return [AlertRule(
+        name="InferwatchEngineWedged",
+        expr=(
+            f"((sum by ({by}) ({waiting}) > 0)"
+            f" and on ({by}) (sum by ({by}) (increase({ENGINE_GENERATION_TOKENS.series}[{w}])) == 0)"
+            f" unless on ({by}) (max by ({by}) ({KV_USAGE.series}) > {number(config.kv_cache_ratio)}))"
+            f" and on (instance) (max by (instance) ({UPSTREAM_READY.series}) == 1)"
+        ),
+        for_s=config.wedged_for_s,
+        severity=Severity.CRITICAL,
+        summary="The engine is wedged: requests wait, no token is generated, and /health still says 200.",
+        description=(
+            f"Requests to model {{{{ $labels.model_name }}}} are waiting, not one token has been "
+            f"generated for {w}, the KV cache is below {_pct(config.kv_cache_ratio)} and the upstream's /health "
+            f"still answers 200, for {duration(config.wedged_for_s)}: the engine loop is stuck and no probe will "
+            f"restart it."
+        ),
+        runbook=Runbook(
+            "vLLM's API server still answers /health with 200 while its engine makes no progress (vLLM issue "
+            "53130): requests are queued, not one token comes out, and the KV cache has room, so it is not a "
+            "capacity problem. The engine core is dead, deadlocked or hung in a collective; liveness and "
+            "readiness probes will not restart it.",
+            ("Engine board: running and waiting requests, tokens per second and KV usage flat at the same time.",
+             "vLLM's log: the periodic `Engine 000:` line (throughput 0 with Waiting > 0), tracebacks in the "
+             "EngineCore process, NCCL or CUDA errors; `py-spy dump` of the EngineCore process if it is alive.",
+             "Whether the EngineCore process still exists (`ps`, the upstream-process panels) and GPU "
+             "utilisation (0 % while wedged, 100 % when spinning in a kernel or collective).",
+             "Deferred waits (Queue depth by reason): a KV transfer or LoRA load that never completes."),
+            ("Restart the vLLM server (or delete the pod); the sidecar's in-flight requests get a clean error.",
+             "Fail traffic over to another replica until it is back.",
+             "Capture the EngineCore stack and logs first, and report them upstream with the vLLM version.",
+             ROLLBACK),
+        ),
+        scenario=_wedged_scenario,
+    )]
+
+
+def _offload_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    step = step_for(c.kv_offload_window_s)
+    n = steps_needed(c.kv_offload_for_s + 4 * step, step)
+    model = ("model_name", "=", MODEL)
+    store = selector(KV_SWAP_BYTES.series, model, ("direction", "=", "store"))
+    load = selector(KV_SWAP_BYTES.series, model, ("direction", "=", "load"))
+    # Counters that start at 0: rate() over a window not yet full reads rate x t / window, so the sum of both
+    # directions crosses the limit half a step before ``active`` (clear of the boundary on both sides).
+    window, limit = c.kv_offload_window_s, c.kv_offload_bytes_per_s
+    active = max(step, ceil_to(window / 2, step))
+    busy = limit * window / (active - step / 2) / 2 * step
+    calm = limit * 0.25 * step
+    return Scenario(step, (Series(store, counter_values(busy, n)), Series(load, counter_values(busy, n))),
+                    (Series(store, counter_values(calm, n)), Series(load, counter_values(calm, n))), active,
+                    {"model_name": MODEL})
+
+
+def kv_offload(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
+    """V1's swap: KV blocks keep moving between the GPU and the CPU offload space."""
+    w = duration(config.kv_offload_window_s)
+    limit = config.kv_offload_bytes_per_s
+    return [AlertRule(
+        name="InferwatchKVOffloadTraffic",
+        expr=f"sum by ({PER_REPLICA}) (rate({KV_SWAP_BYTES.series}[{w}])) > {number(limit)}",
+        for_s=config.kv_offload_for_s,
+        severity=Severity.WARNING,
+        summary="KV cache blocks keep moving between the GPU and CPU memory.",
+        description=(
+            f"Model {{{{ $labels.model_name }}}} has moved more than {limit / 1e9:g} GB/s of KV cache between the "
+            f"GPU and the CPU offload space (stores plus loads) over {w} for {duration(config.kv_offload_for_s)}: "
+            f"the GPU KV cache is too small for the working set, and PCIe traffic competes with the model."
+        ),
+        runbook=Runbook(
+            "vLLM V1's OffloadingConnector is V0's swap by another name: KV blocks that do not fit on the GPU are "
+            "stored to CPU memory and loaded back when a request needs them. Sustained heavy traffic both ways "
+            "means the GPU KV cache is too small for the requests' working set; transfers take PCIe bandwidth "
+            "and time that decode steps wait for.",
+            ("KV offload panel on the engine board: store against load bytes per second, time spent, CPU offload "
+             "space used and allocation failures.",
+             "GPU KV usage and preemptions: is the GPU cache full as well?",
+             "Prompt length mix and the prefix-cache hit ratio (long shared prefixes reloaded again and again)."),
+            (*KV_FIXES, "Give the CPU offload space more room (`kv_offloading_size`) if allocations fail.", SHED),
+        ),
+        scenario=_offload_scenario,
+    )]
+
+
 BUILDERS: tuple[Builder, ...] = (
     swapping, preemption, latency_sla, gpu_memory, circuit_breaker, oom_burst, memory_leak,
-    long_context, queue, upstream_down, kv_cache, log_drops, batch_advice,
+    long_context, queue, upstream_down, kv_cache, log_drops, batch_advice, wedged_engine, kv_offload,
 )
 
 

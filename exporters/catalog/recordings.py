@@ -14,6 +14,17 @@ SLO_BAD_EVENTS = MetricSpec(
     "inferwatch:slo_bad_events:sum", MetricType.GAUGE,
     "The events that miss the SLO (a sum of counters), per model and slo.", SLO_LABELS, source=Source.RECORDING,
 )
+SLO_ENGINE_REJECTIONS = MetricSpec(
+    "inferwatch:slo_engine_rejections:sum", MetricType.GAUGE,
+    "vLLM's own admission rejections (a sum of counters), per model, labelled slo=\"availability\".",
+    SLO_LABELS, source=Source.RECORDING,
+)
+SLO_OVERLOADED_SEEN = MetricSpec(
+    "inferwatch:slo_overloaded_seen:sum", MetricType.GAUGE,
+    "Requests the sidecar answered as overloaded (its own 503s and the upstream's 429/503s; a sum of counters), "
+    "per model, labelled slo=\"availability\".",
+    SLO_LABELS, source=Source.RECORDING,
+)
 SLO_ERROR_RATIO_PREFIX = "inferwatch:slo_error:ratio_rate"
 """Recorded bad / all events over a window: the name is this prefix plus the window, e.g. ``...rate5m``."""
 
@@ -23,4 +34,4 @@ def slo_error_ratio(window: str) -> str:
     return f"{SLO_ERROR_RATIO_PREFIX}{window}"
 
 
-SPECS: tuple[MetricSpec, ...] = (SLO_EVENTS, SLO_BAD_EVENTS)
+SPECS: tuple[MetricSpec, ...] = (SLO_EVENTS, SLO_BAD_EVENTS, SLO_ENGINE_REJECTIONS, SLO_OVERLOADED_SEEN)

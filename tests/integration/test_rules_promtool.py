@@ -95,3 +95,12 @@ def test_a_broken_generated_test_fails_under_promtool(built: Path, promtool: Pat
     assert result.returncode == 1
     ours = _run(sys.executable, "-m", "serving.cli", "rules", "test", broken.name, cwd=built / "tests")
     assert ours.returncode == 1
+
+
+def test_promtool_agrees_on_the_engine_signal_cases(tmp_path: Path, promtool: Path) -> None:
+    """The wedged-engine and admission-rejection cases the embedded evaluator passes, promtool passes."""
+    from tests.unit.alert_rules.test_engine_signal_rules import signals_test_file
+
+    path = signals_test_file(tmp_path)
+    result = _run(promtool, "test", "rules", path.name, cwd=path.parent)
+    assert result.returncode == 0, result.stdout + result.stderr

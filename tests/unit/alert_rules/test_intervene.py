@@ -19,13 +19,15 @@ def _alerts(config: RulesConfig | None = None, edges: tuple[int, ...] = EDGES) -
 
 
 def test_every_condition_of_the_issue_has_an_alert() -> None:
-    """Swapping, preemption, SLA, GPU memory, breaker, OOM, leak, long context, queue, down, KV, logs, advice."""
+    """Swapping, preemption, SLA, GPU memory, breaker, OOM, leak, long context, queue, down, KV, logs, advice,
+    a wedged engine and sustained KV offload traffic."""
     assert set(_alerts()) == {
         "InferwatchRequestsSwapped", "InferwatchPreemptionStorm", "InferwatchLatencyAboveSLA",
         "InferwatchGpuMemoryHigh", "InferwatchCircuitBreakerDegrade", "InferwatchCircuitBreakerRollback",
         "InferwatchOOMBurst", "InferwatchUpstreamMemoryLeak", "InferwatchLongContextFailures",
         "InferwatchQueueBacklog", "InferwatchUpstreamDown", "InferwatchKVCacheNearlyFull",
-        "InferwatchLogRecordsDropped", "InferwatchBatchSizeAdvice",
+        "InferwatchLogRecordsDropped", "InferwatchBatchSizeAdvice", "InferwatchEngineWedged",
+        "InferwatchKVOffloadTraffic",
     }
 
 
