@@ -7,6 +7,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from exporters.engine_stats_wire import EngineRequestStats
+
 DEFAULT_LENGTH_EDGES: tuple[int, ...] = (512, 2048, 8192, 32768)
 
 
@@ -79,6 +81,8 @@ class RequestRecord:
     prompt_chars: int | None = None
     prompt_tokens_estimate: int | None = None
     """The proxy's estimate of the prompt's tokens: the length bucket of a stream cut before its usage chunk."""
+    engine: EngineRequestStats | None = None
+    """vLLM's own numbers for the request, from the stat-logger plugin (serve.engine_stats_listen)."""
 
     @property
     def mean_itl_s(self) -> float | None:

@@ -43,6 +43,11 @@ class RequestMetrics:
             cat.UPSTREAM_READY.name, cat.UPSTREAM_READY.help, cat.UPSTREAM_READY.labels, registry=registry
         )
         self.normalized = _counter(cat.REQUESTS_NORMALIZED, registry)
+        self.engine_queue = _histogram(cat.ENGINE_QUEUE_SECONDS, registry)
+        self.engine_prefill = _histogram(cat.ENGINE_PREFILL_SECONDS, registry)
+        self.engine_decode = _histogram(cat.ENGINE_DECODE_SECONDS, registry)
+        self.engine_preemptions = _histogram(cat.ENGINE_PREEMPTIONS_PER_REQUEST, registry)
+        self.engine_cached_ratio = _histogram(cat.ENGINE_CACHED_PROMPT_RATIO, registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         """Children by (family, labels...): bounded by the label caps the proxy enforces."""
 
@@ -84,3 +89,13 @@ class RequestMetrics:
             child(self.completion_tokens_hist, model, route).observe(record.completion_tokens)
         if record.finish_reason:
             child(self.finish_reasons, model, record.finish_reason).inc()
+        engine = record.engine
+        if engine is not None:  # vLLM's own numbers, joined from the stat-logger plugin
+            child(self.engine_queue, model, bucket, outcome).observe(engine.queued_s)
+            child(self.engine_prefill, model, bucket, outcome).observe(engine.prefill_s)
+            child(self.engine_decode, model, bucket, outcome).observe(engine.decode_s)
+            child(self.engine_preemptions, model, bucket, outcome).observe(engine.preemptions)
+            if engine.prompt_tokens > 0:
+                child(self.engine_cached_ratio, model, bucket, outcome).observe(
+                    engine.cached_tokens / engine.prompt_tokens
+                )

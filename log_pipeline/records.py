@@ -20,7 +20,9 @@ FIELDS: tuple[str, ...] = (
     "prompt_tokens", "completion_tokens", "ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "finish_reason",
     "length_bucket", "upstream", "stream", "slow", "schema_version",
 )
-"""Keys every request event has, in order; failures add ``error_type`` and ``error_message``."""
+"""Keys every request event has, in order; failures add ``error_type`` and ``error_message``, and a
+request joined to vLLM's stat-logger plugin ``engine_queue_ms``, ``engine_prefill_ms``,
+``engine_decode_ms``, ``engine_preemptions`` and ``engine_cached_tokens``."""
 
 _LEVELS = {
     Outcome.OK: "info",
@@ -87,6 +89,13 @@ def event_from_record(
         event["error_type"] = record.error_type
         message = record.error_message
         event["error_message"] = message[:_MAX_ERROR_CHARS] if message else message
+    engine = record.engine
+    if engine is not None:  # vLLM's own numbers, joined from the stat-logger plugin
+        event["engine_queue_ms"] = _ms(engine.queued_s)
+        event["engine_prefill_ms"] = _ms(engine.prefill_s)
+        event["engine_decode_ms"] = _ms(engine.decode_s)
+        event["engine_preemptions"] = engine.preemptions
+        event["engine_cached_tokens"] = engine.cached_tokens
     if capture_prompt_hash and record.prompt_hash is not None:
         event["prompt_sha256"] = record.prompt_hash
         event["prompt_chars"] = record.prompt_chars

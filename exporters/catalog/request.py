@@ -76,9 +76,76 @@ REQUESTS_NORMALIZED = MetricSpec(
     (),
 )
 
+# ---- vLLM's own per-request numbers, from the stat-logger plugin (serve.engine_stats_listen)
+
+ENGINE_LABELS = ("model_name", "length_bucket", "outcome")
+
+ENGINE_QUEUE_SECONDS = MetricSpec(
+    "inferwatch_request_engine_queue_seconds", MetricType.HISTOGRAM,
+    "Seconds a request waited in vLLM's scheduler queue before it was first scheduled (vLLM's queued_time, "
+    "from the stat-logger plugin), by model, prompt length bucket and outcome.",
+    ENGINE_LABELS, "seconds", buckets.TIME_TO_FIRST_TOKEN,
+)
+ENGINE_PREFILL_SECONDS = MetricSpec(
+    "inferwatch_request_engine_prefill_seconds", MetricType.HISTOGRAM,
+    "Seconds from a request's first scheduling to its first token in vLLM (prefill_time, preemptions during "
+    "prefill included), from the stat-logger plugin.",
+    ENGINE_LABELS, "seconds", buckets.TIME_TO_FIRST_TOKEN,
+)
+ENGINE_DECODE_SECONDS = MetricSpec(
+    "inferwatch_request_engine_decode_seconds", MetricType.HISTOGRAM,
+    "Seconds from a request's first token to its last in vLLM (decode_time, preemptions during decode "
+    "included), from the stat-logger plugin.",
+    ENGINE_LABELS, "seconds", buckets.REQUEST_LATENCY,
+)
+ENGINE_PREEMPTIONS_PER_REQUEST = MetricSpec(
+    "inferwatch_request_engine_preemptions", MetricType.HISTOGRAM,
+    "Times vLLM preempted a request before it finished (num_preemptions), from the stat-logger plugin.",
+    ENGINE_LABELS, "preemptions", (0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0),
+)
+ENGINE_CACHED_PROMPT_RATIO = MetricSpec(
+    "inferwatch_request_engine_cached_prompt_ratio", MetricType.HISTOGRAM,
+    "Share of a request's prompt tokens served from vLLM's prefix cache: num_cached_tokens / num_prompt_tokens, "
+    "from the stat-logger plugin.",
+    ENGINE_LABELS, "ratio", (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
+)
+ENGINE_STATS_RECORDS = MetricSpec(
+    "inferwatch_engine_stats_records", MetricType.COUNTER,
+    "Records received from vLLM's stat-logger plugin, by kind: request (a finished request), step (the "
+    "scheduler's state), invalid (a datagram that was not the plugin's format).",
+    ("kind",),
+)
+ENGINE_STATS_JOINS = MetricSpec(
+    "inferwatch_engine_stats_joins", MetricType.COUNTER,
+    "Successful generation requests whose engine numbers were joined to them (joined) or had not arrived "
+    "within serve.engine_stats_wait_ms (missed).",
+    ("result",),
+)
+ENGINE_STATS_PLUGIN_DROPPED = MetricSpec(
+    "inferwatch_engine_stats_plugin_dropped", MetricType.GAUGE,
+    "Datagrams the stat-logger plugin could not send since vLLM started, as it last reported (it never blocks "
+    "vLLM's loop: a full socket buffer drops).",
+)
+ENGINE_PLUGIN_KV_CACHE_USAGE = MetricSpec(
+    "inferwatch_engine_plugin_kv_cache_usage_ratio", MetricType.GAUGE,
+    "vLLM's KV-cache usage after its latest step, exactly as its scheduler reports it (from the plugin).",
+    unit="ratio",
+)
+ENGINE_PLUGIN_REQUESTS = MetricSpec(
+    "inferwatch_engine_plugin_requests", MetricType.GAUGE,
+    "Requests in vLLM's scheduler after its latest step, by state: running, waiting (for capacity), deferred "
+    "(waiting on a transient constraint), from the plugin.",
+    ("state",),
+)
+ENGINE_SPECS: tuple[MetricSpec, ...] = (
+    ENGINE_QUEUE_SECONDS, ENGINE_PREFILL_SECONDS, ENGINE_DECODE_SECONDS, ENGINE_PREEMPTIONS_PER_REQUEST,
+    ENGINE_CACHED_PROMPT_RATIO, ENGINE_STATS_RECORDS, ENGINE_STATS_JOINS, ENGINE_STATS_PLUGIN_DROPPED,
+    ENGINE_PLUGIN_KV_CACHE_USAGE, ENGINE_PLUGIN_REQUESTS,
+)
+
 SPECS: tuple[MetricSpec, ...] = (
     REQUESTS, REQUESTS_IN_FLIGHT, UPSTREAM_ACCEPT_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS,
     INTER_TOKEN_LATENCY_SECONDS, E2E_LATENCY_SECONDS, PROMPT_TOKENS, COMPLETION_TOKENS,
     REQUEST_PROMPT_TOKENS, REQUEST_COMPLETION_TOKENS, FINISH_REASONS, PREFILL_SHARE_RATIO,
-    UPSTREAM_READY, REQUESTS_NORMALIZED,
+    UPSTREAM_READY, REQUESTS_NORMALIZED, *ENGINE_SPECS,
 )

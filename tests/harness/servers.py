@@ -16,6 +16,7 @@ from serving.tools.launcher import (
     build_tiny_model,
     free_port,
     http_status,
+    install_engine_stats_plugin,
     require_binary,
     start_alertmanager,
     start_prometheus,
@@ -27,6 +28,7 @@ from serving.tools.launcher import (
 __all__ = [
     "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "VLLM_VENV", "AlertmanagerServer",
     "ManagedProcess", "PrometheusServer", "ServerUnavailable", "SidecarServer", "VllmServer", "build_tiny_model",
-    "free_port", "http_status", "require_binary", "start_alertmanager", "start_prometheus", "start_sidecar",
+    "free_port", "http_status", "install_engine_stats_plugin", "require_binary", "start_alertmanager",
+    "start_prometheus", "start_sidecar",
     "start_vllm", "vllm_python",
 ]

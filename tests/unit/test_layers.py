@@ -27,6 +27,7 @@ HOMES = {
     "aiohttp": ("serving/",),
     "apscheduler": ("serving/",),
     "opentelemetry": ("serving/",),
+    "vllm": ("exporters/vllm_plugin.py",),
 }
 # modules that may spell metric names as string literals
 NAME_HOMES = ("exporters/catalog/",)
@@ -72,3 +73,14 @@ def test_no_stray_metric_names() -> None:
             if METRIC_LITERAL.search(line):
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_vllm_plugin_imports_only_the_standard_library_vllm_and_its_wire_format() -> None:
+    """The plugin runs inside vLLM's process, installed without our dependencies (pip --no-deps)."""
+    import sys
+
+    allowed = {"vllm", "exporters.engine_stats_wire", "__future__"}
+    for rel in ("exporters/vllm_plugin.py", "exporters/engine_stats_wire.py"):
+        for name in _imports(ROOT / rel):
+            top = name.split(".", 1)[0]
+            assert top in sys.stdlib_module_names or name in allowed or top == "vllm", f"{rel} imports {name}"

@@ -1,0 +1,112 @@
+"""inferwatch's vLLM stat-logger plugin: vLLM's per-request engine numbers, sent to the sidecar.
+
+vLLM (V1, ``vllm serve``) loads the classes of the entry-point group ``vllm.stat_logger_plugins``
+and calls :meth:`InferwatchStatLogger.record` in its API-server process after every engine step.
+Installed into vLLM's environment (``pip install --no-deps 'inferwatch[vllm-plugin]'``), the plugin
+is idle unless ``INFERWATCH_ENGINE_STATS`` names the sidecar's listener, e.g.
+``udp://127.0.0.1:9101`` (the sidecar's ``serve.engine_stats_listen``). Then, for each step with
+news, it sends the scheduler's state and the requests that finished (queue, prefill and decode
+time, preemptions, cached prompt tokens; see :mod:`exporters.engine_stats_wire`) as non-blocking
+UDP datagrams. Nothing here may slow or break vLLM's loop: a datagram that cannot be sent right
+now is dropped and counted (the count travels in the next datagram), and any error is swallowed
+and counted the same way. Imports: the standard library, vLLM and the wire format.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
+
+ENV = "INFERWATCH_ENGINE_STATS"
+STEP_INTERVAL_S = 0.1
+"""A step with no finished request sends its scheduler state at most this often."""
+
+log = logging.getLogger(__name__)
+
+
+def parse_target(value: str) -> tuple[str, int]:
+    """``udp://HOST:PORT`` (or ``HOST:PORT``) -> (host, port); ValueError naming what is wrong."""
+    parts = urlsplit(value if "://" in value else f"udp://{value}")
+    if parts.scheme != "udp" or not parts.hostname or parts.port is None:
+        raise ValueError(f"{ENV}={value!r}: expected udp://HOST:PORT, e.g. udp://127.0.0.1:9101")
+    return parts.hostname, parts.port
+
+
+def _request(r: Any) -> EngineRequestStats:
+    reason = getattr(r.finish_reason, "name", r.finish_reason)
+    return EngineRequestStats(
+        str(r.request_id), r.queued_time, r.prefill_time, r.decode_time, r.inference_time, r.e2e_latency,
+        r.num_preemptions, r.num_cached_tokens, r.num_prompt_tokens, r.num_generation_tokens, str(reason).lower(),
+    )
+
+
+class InferwatchStatLogger(StatLoggerBase):
+    """Sends each step's finished requests and scheduler state to the inferwatch sidecar."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.engine_index = engine_index
+        self.dropped = 0
+        self.sent = 0
+        self._last_step = 0.0
+        self._socket: socket.socket | None = None
+        self._address: Any = None
+        value = os.environ.get(ENV, "").strip()
+        if not value:
+            return
+        try:
+            host, port = parse_target(value)
+            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+        except (ValueError, OSError) as err:
+            log.warning("inferwatch engine stats stay off: %s", err)
+            return
+        self._socket, self._address = sock, address
+        log.info("inferwatch engine stats go to %s", value)
+
+    @property
+    def active(self) -> bool:
+        """True when the plugin sends (``INFERWATCH_ENGINE_STATS`` was set and usable)."""
+        return self._socket is not None
+
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
+        """Send what finished in this step (and the scheduler state); never raises, never blocks."""
+        if self._socket is None:
+            return
+        try:
+            finished = iteration_stats.finished_requests if iteration_stats is not None else ()
+            now = time.monotonic()
+            if not finished and (scheduler_stats is None or now - self._last_step < STEP_INTERVAL_S):
+                return
+            step = None
+            if scheduler_stats is not None:
+                self._last_step = now
+                step = EngineStepStats(
+                    scheduler_stats.kv_cache_usage, scheduler_stats.num_running_reqs,
+                    scheduler_stats.num_waiting_reqs, getattr(scheduler_stats, "num_skipped_waiting_reqs", 0),
+                    self.dropped,
+                )
+            for datagram in encode(step, [_request(r) for r in finished]):
+                self._send(datagram)
+        except Exception:  # vLLM's loop must never see an error of ours
+            self.dropped += 1
+
+    def _send(self, datagram: bytes) -> None:
+        try:
+            self._socket.sendto(datagram, self._address)  # type: ignore[union-attr]
+            self.sent += 1
+        except OSError:  # buffer full (BlockingIOError), nobody listening (ECONNREFUSED), ...
+            self.dropped += 1
+
+    def log_engine_initialized(self) -> None:
+        """Nothing to announce: the sidecar learns the engine from the first datagram."""

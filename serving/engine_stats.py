@@ -1,0 +1,172 @@
+"""vLLM's per-request engine numbers, received from the stat-logger plugin and joined to each request.
+
+With ``serve.engine_stats_listen`` set, the sidecar sends ``X-Request-Id: <trace id>`` to vLLM
+(vLLM builds its request id from it), listens for the plugin's UDP datagrams
+(:mod:`exporters.engine_stats_wire`) and hands each finished request's queue, prefill and decode
+times, preemptions and cached prompt tokens to the request they belong to, found by the trace id
+inside vLLM's request id.
+
+The datagram usually arrives before the proxy has seen the end of the answer (vLLM records a step
+right after queueing its output). When it has not, :meth:`EngineStatsJoin.finish` holds back the
+request's observers (metrics, log record, span end) until it does, or for at most
+``serve.engine_stats_wait_ms``, with a timer on the loop: the client's answer is never delayed, and
+nothing waits while the plugin is silent (no datagram for :data:`PLUGIN_SILENT_AFTER_S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from exporters.catalog import request as cat
+from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, decode
+from exporters.records import Outcome, RequestRecord
+from serving.proxy import GENERATION_ROUTES
+
+log = structlog.get_logger(__name__)
+
+PLUGIN_SILENT_AFTER_S = 30.0
+"""With no datagram for this long the plugin counts as absent, and no request waits for it."""
+MAX_UNCLAIMED = 4096
+"""Engine records kept for requests the proxy has not finished yet (oldest dropped first)."""
+
+
+class EngineStatsMetrics:
+    """Datagrams and records received, joins made and missed, and the plugin's own state."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        spec = cat.ENGINE_STATS_RECORDS
+        records = Counter(spec.name, spec.help, spec.labels, registry=registry)
+        self.records = {kind: records.labels(kind) for kind in ("request", "step", "invalid")}
+        spec = cat.ENGINE_STATS_JOINS
+        joins = Counter(spec.name, spec.help, spec.labels, registry=registry)
+        self.joins = {result: joins.labels(result) for result in ("joined", "missed")}
+        self.plugin_dropped = Gauge(cat.ENGINE_STATS_PLUGIN_DROPPED.name, cat.ENGINE_STATS_PLUGIN_DROPPED.help,
+                                    registry=registry)
+        self.kv_usage = Gauge(cat.ENGINE_PLUGIN_KV_CACHE_USAGE.name, cat.ENGINE_PLUGIN_KV_CACHE_USAGE.help,
+                              registry=registry)
+        spec = cat.ENGINE_PLUGIN_REQUESTS
+        requests = Gauge(spec.name, spec.help, spec.labels, registry=registry)
+        self.requests = {state: requests.labels(state) for state in ("running", "waiting", "deferred")}
+
+    def step(self, step: EngineStepStats) -> None:
+        """Publish the scheduler state of the latest step."""
+        self.kv_usage.set(step.kv_cache_usage)
+        self.requests["running"].set(step.running)
+        self.requests["waiting"].set(step.waiting)
+        self.requests["deferred"].set(step.deferred)
+        self.plugin_dropped.set(step.dropped)
+
+
+class EngineStatsJoin(asyncio.DatagramProtocol):
+    """Receives the plugin's datagrams and joins their request records to the proxy's requests."""
+
+    def __init__(self, registry: CollectorRegistry, wait_s: float) -> None:
+        self.metrics = EngineStatsMetrics(registry)
+        self.wait_s = wait_s
+        self.last_heard = float("-inf")
+        self.latest_step: EngineStepStats | None = None
+        self._unclaimed: OrderedDict[str, EngineRequestStats] = OrderedDict()
+        self._waiting: dict[str, tuple[RequestRecord, Callable[[], None], asyncio.TimerHandle]] = {}
+
+    # ---- the plugin's side
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        """Parse a datagram; claim each finished request for a waiting request or keep it for one."""
+        try:
+            step, requests = decode(data)
+        except ValueError as err:
+            self.metrics.records["invalid"].inc()
+            log.warning("engine_stats_datagram_invalid", problem=str(err), sender=str(addr))
+            return
+        self.last_heard = time.monotonic()
+        if step is not None:
+            self.metrics.records["step"].inc()
+            self.latest_step = step
+            self.metrics.step(step)
+        for stats in requests:
+            self.metrics.records["request"].inc()
+            trace_id = stats.trace_id
+            if trace_id is None:
+                continue  # a request that did not come through a sidecar
+            waiting = self._waiting.pop(trace_id, None)
+            if waiting is not None:
+                record, finish, timer = waiting
+                timer.cancel()
+                self._join(record, stats)
+                finish()
+                continue
+            self._unclaimed[trace_id] = stats
+            if len(self._unclaimed) > MAX_UNCLAIMED:
+                self._unclaimed.popitem(last=False)
+
+    # ---- the proxy's side
+
+    def _join(self, record: RequestRecord, stats: EngineRequestStats | None) -> None:
+        record.engine = stats
+        self.metrics.joins["joined" if stats is not None else "missed"].inc()
+
+    def finish(self, record: RequestRecord, finish: Callable[[], None]) -> None:
+        """Attach the request's engine numbers and call ``finish``; wait for them first when they may come."""
+        stats = self._unclaimed.pop(record.trace_id, None)
+        if stats is not None:
+            self._join(record, stats)
+            finish()
+            return
+        reached_engine = (record.outcome is Outcome.OK and record.route in GENERATION_ROUTES
+                          and record.http_status == 200)
+        plugin_alive = time.monotonic() - self.last_heard < PLUGIN_SILENT_AFTER_S
+        if not reached_engine or not plugin_alive or record.trace_id in self._waiting:
+            if reached_engine:
+                self._join(record, None)
+            finish()
+            return
+        timer = asyncio.get_running_loop().call_later(self.wait_s, self._give_up, record.trace_id)
+        self._waiting[record.trace_id] = (record, finish, timer)
+
+    def _give_up(self, trace_id: str) -> None:
+        waiting = self._waiting.pop(trace_id, None)
+        if waiting is not None:
+            record, finish, _ = waiting
+            self._join(record, None)
+            finish()
+
+    def flush(self) -> None:
+        """Finish every request still waiting (at shutdown)."""
+        for trace_id in list(self._waiting):
+            self._waiting[trace_id][2].cancel()
+            self._give_up(trace_id)
+
+
+ENGINE_STATS = web.AppKey("engine_stats", EngineStatsJoin)
+
+
+def listen_address(value: str) -> tuple[str, int]:
+    """``udp://HOST:PORT`` or ``HOST:PORT`` -> (host, port)."""
+    host, _, port = value.removeprefix("udp://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def engine_stats_ctx(join: EngineStatsJoin, listen: str) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Cleanup context: bind the UDP listener for the app's lifetime; at shutdown finish what waits."""
+
+    async def ctx(_app: web.Application) -> AsyncIterator[None]:
+        host, port = listen_address(listen)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: join, local_addr=(host, port)
+        )
+        log.info("engine_stats_listening", address=f"udp://{host}:{port}")
+        try:
+            yield
+        finally:
+            transport.close()
+            join.flush()
+
+    return ctx

