@@ -295,14 +295,38 @@ def vllm_running_waiting() -> list[Query]:
     ]
 
 
-def waiting_by_reason() -> Query:
-    """Waiting requests split by reason (capacity, deferred)."""
-    return Query(by("reason", sel(vllm.NUM_REQUESTS_WAITING_BY_REASON)), "{{reason}}")
+def waiting_by_reason() -> list[Query]:
+    """Waiting requests split by reason (capacity, deferred): the sidecar's sum over engines, and vLLM's own."""
+    return [
+        Query(by("model_name, reason", sel(engine.ENGINE_WAITING_BY_REASON)), "{{reason}} {{model_name}}"),
+        Query(by("reason", sel(vllm.NUM_REQUESTS_WAITING_BY_REASON)), "vLLM {{reason}}"),
+    ]
 
 
-def admission_rejections() -> Query:
-    """Requests per second rejected with 503 by the queue limits."""
-    return Query(by("reason", rate(vllm.ADMISSION_REJECTIONS)), "{{reason}}")
+def admission_rejections() -> list[Query]:
+    """Requests per second vLLM rejected with 503 at its queue limits, and those the sidecar answered overloaded."""
+    return [
+        Query(by("model_name, reason", rate(engine.ENGINE_ADMISSION_REJECTIONS)), "{{reason}} {{model_name}}"),
+        Query(by("reason", rate(vllm.ADMISSION_REJECTIONS)), "vLLM {{reason}}"),
+        Query(by("model_name", rate(request.REQUESTS, 'outcome="overloaded"')), "sidecar overloaded {{model_name}}"),
+    ]
+
+
+def kv_offload_traffic() -> list[Query]:
+    """KV offload (V1's swap) bytes per second by direction, and both directions together."""
+    return [
+        Query(by("model_name, direction", rate(engine.KV_SWAP_BYTES)), "{{direction}} {{model_name}}"),
+        Query(by("model_name, instance", rate(engine.KV_SWAP_BYTES)), "store + load {{instance}} {{model_name}}"),
+    ]
+
+
+def kv_offload_state() -> list[Query]:
+    """Share of transfer time per second by direction, CPU offload space used and failed allocations per second."""
+    return [
+        Query(by("model_name, direction", rate(engine.KV_SWAP_SECONDS)), "busy {{direction}} {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_SWAP_CPU_USAGE), "max"), "CPU space used {{model_name}}"),
+        Query(by("model_name", rate(engine.KV_SWAP_ALLOCATION_FAILURES)), "allocation failures/s {{model_name}}"),
+    ]
 
 
 def queue_time() -> list[Query]:

@@ -30,11 +30,14 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Running and waiting per engine", "vLLM's own running and waiting gauges, per engine of each "
                    "replica.", "short", q.vllm_running_waiting()),
         timeseries("Queue depth by reason", "Waiting requests by reason: capacity (no room in the batch or KV "
-                   "cache) or deferred.", "short", q.waiting_by_reason()),
+                   "cache) or deferred (LoRA budget, KV transfer): the sidecar's sum over engines and replicas, and "
+                   "vLLM's own gauge.", "short", q.waiting_by_reason()),
         timeseries("Queue time", "p50, p90, p99 of the time requests waited before first being scheduled.", "s",
                    q.queue_time()),
-        timeseries("Admission rejections", "Requests per second rejected with 503 by vLLM's queue limits, by "
-                   "limit.", "reqps", q.admission_rejections()),
+        timeseries("Admission rejections", "Requests per second vLLM itself rejected with 503 at its queue limits "
+                   "(--max-num-queued-reqs, --max-num-queued-tokens), by limit, next to the sidecar's overloaded "
+                   "answers. The availability SLO counts each rejection once: more rejections than overloaded "
+                   "answers means clients reach vLLM around the sidecar.", "reqps", q.admission_rejections()),
         timeseries("Finished requests by reason", "Requests per second finished by vLLM, by finished_reason.",
                    "reqps", q.engine_finished()),
         Row("Preemption"),
@@ -55,6 +58,14 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    "flight.", "percentunit", q.kv_fragmentation(), min_value=0, max_value=1),
         timeseries("KV capacity and tokens in flight", "Tokens the KV caches can hold and tokens held by requests in "
                    "flight (summed over replicas), and tokens per block.", "short", q.kv_tokens()),
+        timeseries("KV offload traffic (V1 swap)", "Bytes per second of KV cache moved between the GPU and the "
+                   "CPU offload space (vLLM's OffloadingConnector), by direction, and both together per replica; "
+                   "the dashed line is the offload alert's limit. Absent without offloading.", "Bps",
+                   q.kv_offload_traffic(), thresholds=[("green", None), ("orange", rules.kv_offload_bytes_per_s)],
+                   lines=True),
+        timeseries("KV offload time, CPU space and failures", "Seconds per second spent storing and loading, share "
+                   "of the CPU offload space in use (V0: the swap space) and store allocations that failed per "
+                   "second.", "short", q.kv_offload_state()),
         table("Cache configuration", "vLLM's cache_config_info per engine of each replica: block size, GPU "
               "blocks, KV tokens.", "none", q.cache_config()),
         Row("Prefix cache"),
