@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import astuple, dataclass
+from typing import NamedTuple
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 8192
@@ -25,9 +25,11 @@ MAX_DATAGRAM_BYTES = 8192
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
-@dataclass(frozen=True, slots=True)
-class EngineRequestStats:
-    """What vLLM's engine measured about one finished request (seconds; tokens)."""
+class EngineRequestStats(NamedTuple):
+    """What vLLM's engine measured about one finished request (seconds; tokens).
+
+    A tuple, so that it is its own row of the datagram: encoding costs no conversion in vLLM's process.
+    """
 
     request_id: str
     queued_s: float
@@ -48,9 +50,8 @@ class EngineRequestStats:
         return match.group(0) if match else None
 
 
-@dataclass(frozen=True, slots=True)
-class EngineStepStats:
-    """The scheduler's state after one engine step, and the plugin's own drop count."""
+class EngineStepStats(NamedTuple):
+    """The scheduler's state after one engine step, and the plugin's own drop count (a tuple, as above)."""
 
     kv_cache_usage: float
     running: int
@@ -61,8 +62,8 @@ class EngineStepStats:
 
 def encode(step: EngineStepStats | None, requests: Sequence[EngineRequestStats]) -> Iterator[bytes]:
     """The datagrams of one step: the step state in the first, the finished requests spread over all."""
-    state = list(astuple(step)) if step is not None else None
-    rows = [list(astuple(r)) for r in requests]
+    state: EngineStepStats | None = step
+    rows = list(requests)
     while True:
         take = len(rows)
         while True:

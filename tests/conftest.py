@@ -20,7 +20,6 @@ from tests.harness.otlp_receiver import OtlpReceiver
 
 T = TypeVar("T")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-TINY_MODEL_DIR = Path(os.environ.get("INFERWATCH_TINY_MODEL", Path.home() / ".cache/inferwatch/tiny-llm"))
 
 
 def require(start: Callable[[], T]) -> T:
@@ -37,7 +36,7 @@ def require(start: Callable[[], T]) -> T:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The deterministic tiny model, built once per machine (cached in ~/.cache/inferwatch)."""
-    return require(lambda: servers.build_tiny_model(TINY_MODEL_DIR))
+    return require(lambda: servers.build_tiny_model(servers.TINY_MODEL_DIR))
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ from serving.loadtest.spec import LoadSpec
 from serving.loadtest.steps import ColdStartPlan, RunResult, run_steps
 from serving.tools import launcher
 
-MODEL_DIR = Path.home() / ".cache/inferwatch/tiny-llm"
+MODEL_DIR = launcher.TINY_MODEL_DIR
 MODEL = "tiny-llm"
 MIX = "64:5,512:3,1024:2"
 STORM_S, CALM_S, RESTART_AT_S = 25.0, 50.0, 30.0

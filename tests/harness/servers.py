@@ -6,6 +6,7 @@ from serving.tools.launcher import (
     PROMETHEUS,
     PROMTOOL,
     REPO,
+    TINY_MODEL_DIR,
     VLLM_VENV,
     AlertmanagerServer,
     ManagedProcess,
@@ -26,7 +27,7 @@ from serving.tools.launcher import (
 )
 
 __all__ = [
-    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "VLLM_VENV", "AlertmanagerServer",
+    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "TINY_MODEL_DIR", "VLLM_VENV", "AlertmanagerServer",
     "ManagedProcess", "PrometheusServer", "ServerUnavailable", "SidecarServer", "VllmServer", "build_tiny_model",
     "free_port", "http_status", "install_engine_stats_plugin", "require_binary", "start_alertmanager",
     "start_prometheus", "start_sidecar",
