@@ -37,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -428,9 +429,28 @@ def check_health(services: Sequence[str]) -> None:
            ", ".join(f"{n}: {'ok' if rc == 0 else f'exit {rc}'}" for n, rc in results.items()))
 
 
+def _started_unix(alert: dict[str, Any]) -> float:
+    """An Alertmanager alert's startsAt as a Unix time (to the second)."""
+    return datetime.fromisoformat(alert["startsAt"][:19] + "+00:00").timestamp()
+
+
 def check_alert() -> None:
+    """Stop vLLM; the upstream-down alert must start after that and reach Alertmanager.
+
+    The alert also fires while vLLM loads at start-up, so first wait until Prometheus has resolved
+    it: only an alert that starts after the stop proves the forced error.
+    """
+    def resolved() -> str | None:
+        rules = json.loads(http(f"{PROMETHEUS_URL}/api/v1/alerts")[2])["data"]["alerts"]
+        states = [a["state"] for a in rules if a["labels"]["alertname"] == FORCED_ALERT]
+        return f"{FORCED_ALERT} still {states[0]} from the start-up" if states else None
+    failure = wait_for(f"{FORCED_ALERT} of the start-up resolved", resolved, 180, every_s=5)
+    if failure:
+        record(f"vLLM stopped: {FORCED_ALERT} fires in Prometheus and reaches Alertmanager", False, failure)
+        return
     cid = container("vllm-cpu")
     say(f"forcing an error: stopping the vllm-cpu container {cid[:12]}")
+    stopped_at = time.time()
     run(["podman", "stop", "-t", "5", cid])
     body = {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     statuses = [http(f"{SIDECAR_URL}/v1/chat/completions", body, timeout=30)[0] for _ in range(5)]
@@ -438,16 +458,18 @@ def check_alert() -> None:
 
     def probe() -> str | None:
         alerts = json.loads(http(f"{ALERTMANAGER_URL}/api/v2/alerts")[2])
-        names = {a["labels"]["alertname"] for a in alerts}
-        if FORCED_ALERT in names:
+        if any(a["labels"]["alertname"] == FORCED_ALERT and _started_unix(a) >= stopped_at - 1 for a in alerts):
             return None
         rules = json.loads(http(f"{PROMETHEUS_URL}/api/v1/alerts")[2])["data"]["alerts"]
         states = {a["labels"]["alertname"]: a["state"] for a in rules}
-        return f"Prometheus: {states or 'no alerts'}; Alertmanager: {sorted(names) or 'none'}"
+        names = sorted({a["labels"]["alertname"] for a in alerts})
+        return f"Prometheus: {states or 'no alerts'}; Alertmanager: {names or 'none'}"
     failure = wait_for(f"{FORCED_ALERT} in Alertmanager", probe, 240, every_s=5)
     alerts = json.loads(http(f"{ALERTMANAGER_URL}/api/v2/alerts")[2])
+    started = [a for a in alerts if a["labels"]["alertname"] == FORCED_ALERT]
     record(f"vLLM stopped: {FORCED_ALERT} fires in Prometheus and reaches Alertmanager", failure is None,
-           failure or "Alertmanager has " + ", ".join(sorted({a['labels']['alertname'] for a in alerts})))
+           failure or f"started {_started_unix(started[0]) - stopped_at:.0f} s after the stop; Alertmanager has "
+           + ", ".join(sorted({a['labels']['alertname'] for a in alerts})))
 
 
 # ------------------------------------------------------------------------------------------ main
