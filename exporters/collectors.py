@@ -89,9 +89,14 @@ def _histogram_family(spec: MetricSpec, label_value: str, hist: Histogram, famil
 class EngineCollector(Collector):
     """The derived engine, KV-cache and scrape-health families."""
 
-    def __init__(self, state: Callable[[], EngineState], inflight: InFlightTokens | None = None) -> None:
+    def __init__(
+        self, state: Callable[[], EngineState], inflight: InFlightTokens | None = None,
+        measured_kv_usage: Callable[[], float | None] | None = None,
+    ) -> None:
         self._state = state
         self._inflight = inflight
+        self._measured_kv_usage = measured_kv_usage
+        """vLLM's exact KV usage after its latest step (the stat-logger plugin), when fresh."""
 
     def collect(self) -> Iterator[Metric]:
         """Build the families from the latest state."""
@@ -199,17 +204,29 @@ class EngineCollector(Collector):
         tokens, blocks, ratio = _gauge(ce.KV_INFLIGHT_TOKENS), _gauge(ce.KV_INFLIGHT_BLOCKS), \
             _gauge(ce.KV_FRAGMENTATION)
         sizes = {v.model: v.block_size for v in views if v.block_size}
+        running = {v.model: v.running for v in views}
+        measured = self._measured_used_blocks(views)
         if self._inflight is not None and sizes:
             entries = self._inflight.snapshot()
             default = next(iter(sizes.values())) if len(set(sizes.values())) == 1 else None
             for model in sorted({e.model for e in entries}):
                 size = sizes.get(model, default)
-                for frag in derive.fragmentation([e for e in entries if e.model == model], size):
+                held = derive.running_entries([e for e in entries if e.model == model], running.get(model))
+                for frag in derive.fragmentation(held, size, measured.get(model)):
                     tokens.add_metric([frag.model], frag.tokens)
                     blocks.add_metric([frag.model], frag.blocks)
                     if frag.ratio is not None:
                         ratio.add_metric([frag.model], frag.ratio)
         yield from (tokens, blocks, ratio)
+
+
+    def _measured_used_blocks(self, views: list[derive.ModelView]) -> dict[str, float]:
+        """Blocks in use by vLLM's own latest step (one served model, one engine: what the plugin reports)."""
+        usage = self._measured_kv_usage() if self._measured_kv_usage is not None else None
+        if usage is None or len(views) != 1 or views[0].engines != 1 or views[0].blocks_total is None:
+            return {}
+        view = views[0]
+        return {view.model: usage * derive.usable_blocks(view.blocks_total, "v1_engine")}
 
 
 class GpuCollector(Collector):

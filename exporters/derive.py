@@ -270,11 +270,25 @@ def _view_dict(view: ModelView) -> dict[str, object]:
     }
 
 
-def fragmentation(entries: Iterable[InFlight], block_size: int | None) -> list[Fragmentation]:
+def running_entries(entries: Sequence[InFlight], running: float | None) -> Sequence[InFlight]:
+    """The in-flight requests vLLM is running: the oldest ``running`` of them (in start order).
+
+    vLLM schedules first come, first served, and a preempted request goes back to the head of the
+    queue: the requests that wait hold no KV block. With the running count unknown, all of them.
+    """
+    return entries if running is None else entries[: max(round(running), 0)]
+
+
+def fragmentation(
+    entries: Iterable[InFlight], block_size: int | None, measured_blocks: float | None = None
+) -> list[Fragmentation]:
     """Per model: ``1 - sum(tokens) / sum(ceil(tokens / block_size) * block_size)`` over in-flight requests.
 
     Requests with no tokens hold no block and are left out; ratio is None when no block is held or the
-    block size is unknown. An estimate: blocks shared through the prefix cache are not seen.
+    block size is unknown. An estimate: blocks shared through the prefix cache are not seen. With
+    ``measured_blocks`` (vLLM's own blocks in use, from its stat-logger plugin) the ratio is
+    ``1 - tokens / (measured_blocks * block_size)`` instead, at least 0 (shared prefix blocks can make
+    the tokens exceed the blocks' slots).
     """
     if not block_size or block_size <= 0:
         return []
@@ -287,8 +301,9 @@ def fragmentation(entries: Iterable[InFlight], block_size: int | None) -> list[F
         blocks[entry.model] = blocks.get(entry.model, 0) + -(-entry.tokens // block_size)
     out = []
     for model in sorted(tokens):
-        slots = blocks[model] * block_size
-        out.append(Fragmentation(model, tokens[model], blocks[model], 1 - tokens[model] / slots if slots else None))
+        slots = (measured_blocks if measured_blocks is not None else blocks[model]) * block_size
+        ratio = max(1 - tokens[model] / slots, 0.0) if slots else None
+        out.append(Fragmentation(model, tokens[model], blocks[model], ratio))
     return out
 
 

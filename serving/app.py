@@ -149,8 +149,10 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
         app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))
     app.cleanup_ctx.append(_readiness_job)
-    app.cleanup_ctx.append(engine_watch_ctx(settings, registry, session, app[INFLIGHT],
-                                            readiness=lambda: readiness.last_ok))
+    app.cleanup_ctx.append(engine_watch_ctx(
+        settings, registry, session, app[INFLIGHT], readiness=lambda: readiness.last_ok,
+        measured_kv_usage=engine_stats.fresh_kv_usage if engine_stats is not None else None,
+    ))
     app.cleanup_ctx.append(rule_engine_ctx(
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
         registry, latest_vllm_text=lambda: app[ENGINE_WATCH].latest_text if ENGINE_WATCH in app else None,

@@ -34,6 +34,9 @@ log = structlog.get_logger(__name__)
 
 PLUGIN_SILENT_AFTER_S = 30.0
 """With no datagram for this long the plugin counts as absent, and no request waits for it."""
+STEP_FRESH_S = 2.0
+"""The plugin's latest scheduler state counts as current for this long (it sends one at least every 0.1 s
+while vLLM steps; an idle engine does not step)."""
 MAX_UNCLAIMED = 4096
 """Engine records kept for requests the proxy has not finished yet (oldest dropped first)."""
 
@@ -75,6 +78,12 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
         self.latest_step: EngineStepStats | None = None
         self._unclaimed: OrderedDict[str, EngineRequestStats] = OrderedDict()
         self._waiting: dict[str, tuple[RequestRecord, Callable[[], None], asyncio.TimerHandle]] = {}
+
+    def fresh_kv_usage(self) -> float | None:
+        """vLLM's KV usage after its latest step, while the plugin speaks (None after 2 s of silence)."""
+        if self.latest_step is None or time.monotonic() - self.last_heard > STEP_FRESH_S:
+            return None
+        return self.latest_step.kv_cache_usage
 
     # ---- the plugin's side
 

@@ -68,9 +68,11 @@ class EngineWatch:
         nvml_module: Any = None,
         readiness: Callable[[], bool | None] | None = None,
         session_getter: Callable[[], aiohttp.ClientSession] | None = None,
+        measured_kv_usage: Callable[[], float | None] | None = None,
     ) -> None:
         self.settings = settings
         self.inflight = inflight
+        self.measured_kv_usage = measured_kv_usage
         self.upstream = settings.serve.upstream.rstrip("/")
         self.url = self.upstream + settings.scrape.path
         self.latest_text: str | None = None
@@ -98,7 +100,7 @@ class EngineWatch:
         """Register the engine, GPU and process collectors on the sidecar's registry."""
         collectors: list[Any] = []
         if self.settings.scrape.enabled:
-            collectors.append(EngineCollector(lambda: self.state, self.inflight))
+            collectors.append(EngineCollector(lambda: self.state, self.inflight, self.measured_kv_usage))
         if self.settings.gpu.enabled:
             collectors.append(GpuCollector(lambda: self.gpu, lambda: self.gpu_available))
         # The OOM and restart counters exist even when no process is watched: OOMs are also read
@@ -294,12 +296,14 @@ def engine_watch_ctx(
     *,
     readiness: Callable[[], bool | None] | None = None,
     nvml_module: Any = None,
+    measured_kv_usage: Callable[[], float | None] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory: builds, registers, starts and finally stops an EngineWatch."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         watch = EngineWatch(
-            settings, inflight, nvml_module=nvml_module, readiness=readiness, session_getter=session_getter
+            settings, inflight, nvml_module=nvml_module, readiness=readiness, session_getter=session_getter,
+            measured_kv_usage=measured_kv_usage,
         )
         watch.register(registry)
         app[ENGINE_WATCH] = watch

@@ -135,15 +135,18 @@ KV_INFLIGHT_TOKENS = MetricSpec(
 )
 KV_INFLIGHT_BLOCKS = MetricSpec(
     "inferwatch_kv_cache_inflight_blocks", G,
-    "Estimated KV-cache blocks held by requests in flight: sum(ceil(tokens / block_size)).",
+    "Estimated KV-cache blocks held by the requests vLLM is running: sum(ceil(tokens / block_size)) over the "
+    "oldest vllm:num_requests_running requests in flight (vLLM schedules first come, first served; requests "
+    "still queued hold no block).",
     M, "blocks",
 )
 KV_FRAGMENTATION = MetricSpec(
     "inferwatch_kv_cache_fragmentation_ratio", G,
     "Estimated internal fragmentation of the KV blocks held by in-flight requests: "
     "1 - sum(tokens) / sum(ceil(tokens / block_size) * block_size), over the sidecar's live token "
-    "counts. An estimate: it ignores blocks shared through the prefix cache, requests that bypass the "
-    "sidecar, and preempted requests whose blocks were freed. Absent with no request in flight.",
+    "counts of the running requests; with the stat-logger plugin, 1 - tokens / (vLLM's blocks in use x "
+    "block_size), at least 0. An estimate: it ignores blocks shared through the prefix cache and requests "
+    "that bypass the sidecar. Absent with no request in flight.",
     M, "ratio",
 )
 

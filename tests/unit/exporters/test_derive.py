@@ -13,6 +13,7 @@ from exporters.derive import (
     kv_usage_and_used,
     prefill_decode_split,
     prefix_hit_ratio,
+    running_entries,
     tokens_per_joule,
 )
 from exporters.inflight import InFlight
@@ -32,6 +33,23 @@ def test_fragmentation_is_per_model_and_ignores_empty_requests() -> None:
     """Each model gets its own ratio; a request with no tokens yet holds no block."""
     result = fragmentation([InFlight("a", 16), InFlight("b", 32), InFlight("b", 0)], 32)
     assert [(f.model, f.ratio) for f in result] == [("a", 0.5), ("b", 0.0)]
+
+
+def test_only_the_oldest_running_requests_hold_blocks() -> None:
+    """vLLM runs 2 of 4 in-flight requests (first come, first served): the 2 queued ones hold nothing."""
+    entries = [InFlight("m", 500), InFlight("m", 520), InFlight("m", 510), InFlight("m", 505)]
+    (frag,) = fragmentation(running_entries(entries, 2.0), 32)
+    assert frag.blocks == 16 + 17
+    assert running_entries(entries, None) == entries
+    assert running_entries(entries, 0.0) == []
+
+
+def test_measured_blocks_give_the_ratio_when_the_plugin_reports_them() -> None:
+    """With vLLM's own blocks in use, the ratio is 1 - tokens / (measured x block size), never below 0."""
+    (frag,) = fragmentation([InFlight("m", 40)], 32, measured_blocks=4.0)
+    assert frag.ratio == pytest.approx(1 - 40 / 128)
+    (shared,) = fragmentation([InFlight("m", 200)], 32, measured_blocks=2.0)  # prefix blocks shared
+    assert shared.ratio == 0.0
 
 
 def test_fragmentation_needs_a_block_size() -> None:
