@@ -168,7 +168,8 @@ scrape_configs:
 
 def _substitute(expr: str, window_s: int) -> str:
     for var, value in (("$__rate_interval", RATE_INTERVAL), ("$__range", f"{window_s}s"),
-                       ("$__interval", "1s"), ("$model_name", ".*"), ("$engine", ".*"), ("$gpu", ".*")):
+                       ("$__interval", "1s"), ("$model_name", ".*"), ("$instance", ".*"), ("$engine", ".*"),
+                       ("$gpu", ".*")):
         expr = expr.replace(var, value)
     return expr
 
