@@ -312,7 +312,8 @@ class RuleEngine:
         fresh: dict[Labels, Alert] = {}
         for labels, value in self._query(expr, t_ms):
             base = {k: v for k, v in labels if k != NAME}
-            data = TemplateData(base, value, self.external_labels, self.external_url)
+            data = TemplateData(base, value, self.external_labels, self.external_url,
+                                query=lambda text: self._query(text, t_ms))
             mapping = dict(base)
             for key, text in rule.labels.items():
                 mapping[key] = expand(text, data)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from alert_rules.config import RulesConfig
+from alert_rules.context import MODEL as MODEL_SCOPE
+from alert_rules.context import MODEL_REPLICA, REPLICA, context
 from alert_rules.runbooks import KV_FIXES, ROLLBACK, SHED, Runbook
 from alert_rules.scenario import (
     MODEL,
@@ -58,6 +60,9 @@ PER_REPLICA = "model_name, instance"
 """Per-engine conditions keep the scrape target (one replica's sidecar), so the page names the pod; fleet
 conditions (error ratio, latency, SLOs) sum rates over instances by model. Where ``instance`` is absent
 (the embedded evaluator, a single target) grouping by it changes nothing."""
+
+GPU_SCOPE = ("instance", "gpu")
+"""Context scope of the GPU alert: that GPU of that sidecar's host (no model runs on a GPU label)."""
 
 Builder = Callable[[RulesConfig, tuple[int, ...]], list[AlertRule]]
 """An alert generator: ``(config, length bucket edges) -> alerts``, each with its runbook and scenario."""
@@ -106,6 +111,7 @@ def swapping(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             (*KV_FIXES, SHED),
         ),
         scenario=_swapped_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 
@@ -139,6 +145,7 @@ def preemption(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             (*KV_FIXES, SHED),
         ),
         scenario=_preemption_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 
@@ -197,6 +204,7 @@ def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
              "Separate long prompts into their own queue (chunked prefill or a dedicated replica).", ROLLBACK),
         ),
         scenario=_latency_sla_scenario,
+        annotations=context(MODEL_SCOPE),
     )]
 
 
@@ -232,6 +240,7 @@ def gpu_memory(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
              "Use an fp8 KV cache (`--kv-cache-dtype fp8`).", "Move other processes off the GPU.", ROLLBACK),
         ),
         scenario=_gpu_memory_scenario,
+        annotations=context(GPU_SCOPE),
     )]
 
 
@@ -285,6 +294,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
              "Route long prompts to a separate queue; cap `max_tokens` at the gateway."),
         ),
         scenario=_degrade_scenario,
+        annotations=context(MODEL_SCOPE),
     )
     rollback = AlertRule(
         name="InferwatchCircuitBreakerRollback",
@@ -306,6 +316,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
             (ROLLBACK, SHED, "Fail over to another replica or a previous model version."),
         ),
         scenario=_rollback_scenario,
+        annotations=context(MODEL_SCOPE),
     )
     return [degrade, rollback]
 
@@ -349,6 +360,7 @@ def oom_burst(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
              "Lower `--gpu-memory-utilization` when something else shares the GPU.", SHED, ROLLBACK),
         ),
         scenario=_oom_scenario,
+        annotations=context(REPLICA),
     )]
 
 
@@ -382,6 +394,7 @@ def memory_leak(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
             ("Plan a rolling restart before memory runs out.", ROLLBACK),
         ),
         scenario=_leak_scenario,
+        annotations=context(REPLICA),
     )]
 
 
@@ -429,6 +442,7 @@ def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]
              "Use an fp8 KV cache.", "Raise the timeouts for long prompts, or cap prompt length at the gateway."),
         ),
         scenario=_long_context_scenario,
+        annotations=context(MODEL_SCOPE),
     )]
 
 
@@ -459,6 +473,7 @@ def queue(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
              "Use an fp8 KV cache to fit more sequences."),
         ),
         scenario=_queue_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 
@@ -489,6 +504,7 @@ def upstream_down(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRul
             ("Restart the server.", ROLLBACK, "Fail traffic over to another replica."),
         ),
         scenario=_upstream_down_scenario,
+        annotations=context(REPLICA),
     )]
 
 
@@ -517,6 +533,7 @@ def kv_cache(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             KV_FIXES,
         ),
         scenario=_kv_cache_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 
@@ -656,6 +673,7 @@ def wedged_engine(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRul
              ROLLBACK),
         ),
         scenario=_wedged_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 
@@ -703,6 +721,7 @@ def kv_offload(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
             (*KV_FIXES, "Give the CPU offload space more room (`kv_offloading_size`) if allocations fail.", SHED),
         ),
         scenario=_offload_scenario,
+        annotations=context(MODEL_REPLICA),
     )]
 
 

@@ -364,6 +364,8 @@ class Evaluator:
                 total = sums.get(key)
                 sums[key] = value if total is None else total + value
             return list(sums.items())
+        if op in ("topk", "bottomk"):
+            return self.top(op, param, vec, keys, key_of)
         groups: dict[Labels, list] = {}
         for labels, value in vec:
             key = keys.get(labels)
@@ -394,6 +396,40 @@ class Evaluator:
                 out.append((key, fn.quantile(param, values)))
             else:
                 out.append((key, total))
+        return out
+
+    @staticmethod
+    def top(op: str, param: float, vec: Vector, keys: dict[Labels, Labels],
+            key_of: Callable[[Labels], Labels]) -> Vector:
+        """topk / bottomk as Prometheus 2.42 computes them: the input series keep their labels; per group,
+        a sample replaces the current k-th only when strictly better (the earlier input wins a tie), and
+        each group's survivors come out best first."""
+        if math.isnan(param) or param < 1:
+            return []
+        k = int(min(param, 1e9))
+        top = op == "topk"
+
+        def better(a: float, b: float) -> bool:  # a strictly better than b
+            if math.isnan(b):
+                return not math.isnan(a)
+            return a > b if top else a < b
+
+        groups: dict[Labels, list[tuple[Labels, float]]] = {}
+        for labels, value in vec:
+            key = keys.get(labels)
+            if key is None:
+                key = keys[labels] = key_of(labels)
+            kept = groups.setdefault(key, [])
+            if len(kept) < k:
+                kept.append((labels, value))
+                continue
+            worst = min(range(len(kept)), key=lambda i: (not math.isnan(kept[i][1]),
+                                                            kept[i][1] if top else -kept[i][1]))
+            if better(value, kept[worst][1]):
+                kept[worst] = (labels, value)
+        out: Vector = []
+        for kept in groups.values():
+            out.extend(sorted(kept, key=lambda s: (math.isnan(s[1]), -s[1] if top else s[1])))
         return out
 
     def group_keys(self, node: Aggregate) -> tuple[dict[Labels, Labels], Callable[[Labels], Labels]]:

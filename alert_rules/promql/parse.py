@@ -37,7 +37,7 @@ FUNCTIONS: dict[str, str] = {
     "ln": "v", "log2": "v", "log10": "v", "clamp": "vss", "clamp_min": "vs", "clamp_max": "vs",
     "absent": "v", "vector": "s", "scalar": "v", "time": "",
 }
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "group", "quantile"})
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "group", "quantile", "topk", "bottomk"})
 BINARY_OPS = frozenset({"+", "-", "*", "/", "%", "^", "atan2", "==", "!=", ">", "<", ">=", "<=",
                         "and", "or", "unless"})
 COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})

@@ -26,7 +26,7 @@ def test_supported_expressions_pass(expr: str) -> None:
 
 
 @pytest.mark.parametrize(("expr", "construct", "offset"), [
-    ("topk(3, x)", "aggregation topk", 0),
+    ("count_values(\"v\", x)", "aggregation count_values", 0),
     ("sum(rate(x[5m])) + label_replace(y, \"a\", \"b\", \"c\", \"d\")", "function label_replace()", 19),
     ("max_over_time(x[5m:1m])", "subquery", 15),
     ("x @ 100", "@ modifier", 2),
