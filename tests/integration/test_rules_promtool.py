@@ -97,6 +97,15 @@ def test_a_broken_generated_test_fails_under_promtool(built: Path, promtool: Pat
     assert ours.returncode == 1
 
 
+def test_promtool_expands_the_context_annotation_exactly(tmp_path: Path, promtool: Path) -> None:
+    """Prometheus' own templates expand the context annotation to the very strings the embedded engine gives."""
+    from tests.unit.alert_rules.test_context_rules import context_test_file
+
+    path = context_test_file(tmp_path)
+    result = _run(promtool, "test", "rules", path.name, cwd=path.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_promtool_agrees_on_the_engine_signal_cases(tmp_path: Path, promtool: Path) -> None:
     """The wedged-engine and admission-rejection cases the embedded evaluator passes, promtool passes."""
     from tests.unit.alert_rules.test_engine_signal_rules import signals_test_file
