@@ -78,8 +78,8 @@ def _inputs() -> list[dict[str, str]]:
 def _alert(rules: dict[str, Any], name: str, labels: dict[str, str], context: str) -> dict[str, Any]:
     rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == name)
     annotations = {}
-    for key, text in rule["annotations"].items():
-        text = re.sub(r"\{\{ \$labels\.([a-z_]+) \}\}", lambda m: labels.get(m.group(1), ""), text)
+    for key, template in rule["annotations"].items():
+        text = re.sub(r"\{\{ \$labels\.([a-z_]+) \}\}", lambda m: labels.get(m.group(1), ""), template)
         annotations[key] = context if key == "context" else text
         assert "{{" not in annotations[key], (name, key)
     return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": annotations}
