@@ -78,6 +78,12 @@ def runbooks_markdown(config: RulesConfig, alerts: tuple[AlertRule, ...]) -> str
         "together in `alert_rules/intervene.py` or `alert_rules/slo.py`) and the rules config; do not edit by "
         "hand. Severity `critical` pages, `warning` opens a ticket, `info` is advice.",
         "",
+        "Every intervene-now alert (all but log drops and advice) carries a `context` annotation: what else was "
+        "true when it fired, from queries Prometheus and the embedded engine both run at that moment and scoped "
+        "by the alert's model and instance: KV cache usage, the preemption rate, waiting requests by reason, the "
+        "prompt-length bucket with the most errors, and GPU memory used and throttle reasons (`no data` where "
+        "a series is missing). Read it first: it often names the cause.",
+        "",
         *(f"- [{a.name}](#{a.runbook_anchor}) ({a.severity})" for a in alerts),
         "",
     ]
