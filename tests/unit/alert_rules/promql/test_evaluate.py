@@ -123,3 +123,20 @@ def test_absent_takes_labels_from_equality_matchers() -> None:
     """absent() of a missing selector returns 1 with its equality labels."""
     store = SeriesStore()
     assert q(store, 'absent(up{job="vllm", i=~"x"})', 0) == [({"job": "vllm"}, 1.0)]
+
+
+def test_topk_and_bottomk_keep_labels_and_the_earlier_input_on_a_tie() -> None:
+    """topk/bottomk as Prometheus 2.42: input labels kept, per group, best first; a tie keeps the earlier input."""
+    from alert_rules.promql.evaluate import Evaluator as _Evaluator
+    from alert_rules.promql.values import labels_of as _labels_of
+    from alert_rules.store import SeriesStore as _Store
+
+    store = _Store()
+    for bucket, value in (("a", 1.0), ("b", 3.0), ("c", 3.0), ("d", 0.5)):
+        store.append(_labels_of({"__name__": "x", "b": bucket, "g": "1" if bucket in "ab" else "2"}), 0, value)
+    ev = _Evaluator(store)
+    assert ev.query("topk(1, sum by (b) (x))", 1000) == [((("b", "b"),), 3.0)]
+    assert [dict(k)["b"] for k, _ in ev.query("topk by (g) (1, x)", 1000)] == ["b", "c"]
+    assert [dict(k)["b"] for k, _ in ev.query("bottomk(2, x)", 1000)] == ["d", "a"]
+    assert ev.query("topk(1, x > 5)", 1000) == []
+    assert ev.query("topk(0, x)", 1000) == []
