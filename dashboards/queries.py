@@ -351,6 +351,28 @@ def preemptions_per_request() -> list[Query]:
     ]
 
 
+def engine_phases_by_length() -> list[Query]:
+    """p90 of vLLM's queue, prefill and decode time per prompt length bucket (the stat-logger plugin's numbers)."""
+    return [
+        Query(quantile(0.9, request.ENGINE_QUEUE_SECONDS, "length_bucket"), "queue p90 {{length_bucket}}"),
+        Query(quantile(0.9, request.ENGINE_PREFILL_SECONDS, "length_bucket"), "prefill p90 {{length_bucket}}"),
+        Query(quantile(0.9, request.ENGINE_DECODE_SECONDS, "length_bucket"), "decode p90 {{length_bucket}}"),
+    ]
+
+
+def engine_request_effects() -> list[Query]:
+    """Mean preemptions and prefix-cached prompt share per request, by outcome (the plugin's numbers)."""
+    return [
+        Query(mean_of(request.ENGINE_PREEMPTIONS_PER_REQUEST, "outcome"), "preemptions per request {{outcome}}"),
+        Query(mean_of(request.ENGINE_CACHED_PROMPT_RATIO, "outcome"), "cached prompt share {{outcome}}"),
+    ]
+
+
+def engine_stats_joins() -> list[Query]:
+    """Requests joined to vLLM's numbers per second, and those that went without."""
+    return [Query(by("result", rate(request.ENGINE_STATS_JOINS)), "{{result}}")]
+
+
 def kv_usage() -> list[Query]:
     """KV-cache usage: the sidecar's block-weighted view (max over replicas: the fullest pod, which is what
     the per-pod KV alert watches) and vLLM's gauge per engine of each replica."""

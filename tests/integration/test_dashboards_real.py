@@ -39,7 +39,7 @@ from dashboards.queries import Query
 from exporters.catalog import engine, request
 from exporters.catalog import vllm as cv
 from exporters.configuring import from_mapping
-from tests.conftest import require
+from tests.conftest import engine_stats_address, require
 from tests.harness import servers
 
 pytestmark = pytest.mark.real_server
@@ -157,11 +157,13 @@ def built_rules(tmp_path: Path, rules_config: RulesConfig) -> Path:
 
 @pytest.fixture
 def fake_nvml_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterator[servers.SidecarServer]:
-    """``inferwatch serve`` in front of the real vLLM, with two fake GPUs and a log archive."""
+    """``inferwatch serve`` in front of the real vLLM, with two fake GPUs, a log archive and vLLM's per-request
+    numbers from its stat-logger plugin (the plugin's second address)."""
     args = [
         "--scrape-interval-s", "1", "--gpu-interval-s", "1", "--upstream-process-interval-s", "1",
         "--upstream-process-pid", str(vllm_server.pid), "--rules-evaluation-interval-s", "1",
         "--logs-dir", str(tmp_path / "logs"), "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "0.5",
+        "--serve-engine-stats-listen", engine_stats_address(vllm_server, 1),
     ]
     sidecar = require(
         lambda: servers.start_sidecar(vllm_server.base_url, tmp_path, args, module="tests.harness.sidecar_fake_nvml")

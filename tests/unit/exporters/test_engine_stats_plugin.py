@@ -124,3 +124,20 @@ def test_nobody_listening_and_broken_stats_are_counted_never_raised(
     assert logger.sent + logger.dropped == 20
     logger.record(SimpleNamespace(), SimpleNamespace(finished_requests=[object()]))
     assert logger.sent + logger.dropped == 21
+
+
+def test_every_listed_address_gets_every_datagram(plugin_module: types.ModuleType,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    listeners = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+    try:
+        for listener in listeners:
+            listener.bind(("127.0.0.1", 0))
+            listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, ",".join(f"udp://127.0.0.1:{x.getsockname()[1]}" for x in listeners))
+        plugin_module.InferwatchStatLogger(None).record(*_vllm_stats(1))
+        received = [decode(listener.recv(65536)) for listener in listeners]
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert received[0] == received[1]
+    assert received[0][1][0].trace_id == TRACE
