@@ -10,7 +10,6 @@ stays bounded by the queue whatever the backend does.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -21,6 +20,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from exporters.catalog import pipeline as cat
+from log_pipeline.worker import stop_worker
 
 log = structlog.get_logger(__name__)
 
@@ -136,10 +136,7 @@ class RecordShipper:
         thread = self._thread
         if thread is None:
             return True
-        with contextlib.suppress(queue.Full):
-            self._queue.put(_STOP, timeout=timeout_s)
-        thread.join(timeout_s)
-        if thread.is_alive():
+        if not stop_worker(self._queue, thread, _STOP, timeout_s):
             self.metrics.dropped[DROP_SHUTDOWN].inc(self._queue.qsize())
             return False
         self._thread = None

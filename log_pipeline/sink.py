@@ -10,7 +10,6 @@ and publishes the open segment on :meth:`RecordSink.close`.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from log_pipeline.metrics import (
     PipelineMetrics,
 )
 from log_pipeline.sampling import Decision, Sampler
+from log_pipeline.worker import stop_worker
 
 log = structlog.get_logger(__name__)
 _STOP: Any = object()
@@ -162,10 +162,7 @@ class RecordSink:
         thread = self._thread
         if thread is None:
             return True
-        with contextlib.suppress(queue.Full):
-            self._queue.put(_STOP, timeout=timeout_s)
-        thread.join(timeout_s)
-        if thread.is_alive():
+        if not stop_worker(self._queue, thread, _STOP, timeout_s):
             self.metrics.lost["shutdown"].inc(self._queue.qsize())
             return False
         self._thread = None
