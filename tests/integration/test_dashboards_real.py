@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from alert_rules.build import outputs as rule_outputs
 from alert_rules.config import RulesConfig
@@ -41,6 +40,7 @@ from exporters.catalog import vllm as cv
 from exporters.configuring import from_mapping
 from tests.conftest import engine_stats_address, require
 from tests.harness import servers
+from tests.harness.exposition import sample_sum
 
 pytestmark = pytest.mark.real_server
 
@@ -292,10 +292,6 @@ def _panel_total(prometheus: servers.PrometheusServer, query: Query, window_s: i
     return sum(float(r["value"][1]) for r in answer["data"]["result"]) * window_s
 
 
-def _counter_total(text: str, sample: str) -> float:
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == sample)
-
-
 def _panels_count_what_happened(
     prometheus: servers.PrometheusServer, load: Load, start: float, vllm_before: str, vllm_server: servers.VllmServer
 ) -> None:
@@ -303,8 +299,8 @@ def _panels_count_what_happened(
     received and what vLLM counted itself (within rate()'s extrapolation at the window's edges)."""
     time.sleep(3)  # two more scrapes after the last answer
     window = int(time.time() - start) + 2
-    preempted = (_counter_total(vllm_server.metrics_text(), cv.NUM_PREEMPTIONS.series)
-                 - _counter_total(vllm_before, cv.NUM_PREEMPTIONS.series))
+    preempted = (sample_sum(vllm_server.metrics_text(), cv.NUM_PREEMPTIONS.series)
+                 - sample_sum(vllm_before, cv.NUM_PREEMPTIONS.series))
     prompt, completion = q.tokens_per_second()
     sidecar_preemptions, vllm_preemptions = q.preemptions()
     checks = {

@@ -17,12 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import request as cat
 from exporters.catalog import vllm as cv
 from log_pipeline.query import Archive
 from tests.harness import servers
+from tests.harness.exposition import sample_sum
 from tests.harness.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.real_server
@@ -30,15 +30,6 @@ pytestmark = pytest.mark.real_server
 PROMPT = " ".join(["water time people"] * 43)  # about 130 tokens with the tiny model's tokenizer
 KEPT = "7" * 16 + "0" * 15 + "{}"
 """A trace id whose low 64 bits are tiny: TraceIdRatioBased keeps its record at any sample ratio."""
-
-
-def _sum(text: str, sample: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 def _get(url: str) -> str:
@@ -79,16 +70,18 @@ async def test_every_request_gets_vllms_numbers_and_they_add_up_to_vllms_e2e(
 ) -> None:
     """One request at a time: each is joined (100 %); its log record and span carry vLLM's numbers, each
     equal to what vLLM's own histogram grew by, and queue + prefill + decode stays inside vLLM's e2e."""
-    joined_before = _sum(_get(f"{sidecar.base_url}/metrics"), cat.ENGINE_STATS_JOINS.series, result="joined")
+    joined_before = sample_sum(_get(f"{sidecar.base_url}/metrics"), cat.ENGINE_STATS_JOINS.series, result="joined")
     async with aiohttp.ClientSession() as session:
         for i, body in enumerate(_bodies()):
             vllm_before = vllm_server.metrics_text()
             status, trace_id, usage = await _send(session, sidecar.base_url, body, KEPT.format(i))
             assert status == 200
             vllm_after = vllm_server.metrics_text()
-            e2e = (_sum(vllm_after, cv.E2E_REQUEST_LATENCY.sum)
-                   - _sum(vllm_before, cv.E2E_REQUEST_LATENCY.sum))
-            assert _sum(vllm_after, cv.E2E_REQUEST_LATENCY.count) - _sum(vllm_before, cv.E2E_REQUEST_LATENCY.count) == 1
+            e2e = (sample_sum(vllm_after, cv.E2E_REQUEST_LATENCY.sum)
+                   - sample_sum(vllm_before, cv.E2E_REQUEST_LATENCY.sum))
+            finished = (sample_sum(vllm_after, cv.E2E_REQUEST_LATENCY.count)
+                        - sample_sum(vllm_before, cv.E2E_REQUEST_LATENCY.count))
+            assert finished == 1
             records: list[dict[str, Any]] = []
             for _ in range(100):
                 records = list(Archive(sidecar_logs_dir).find(trace_id))
@@ -100,7 +93,7 @@ async def test_every_request_gets_vllms_numbers_and_they_add_up_to_vllms_e2e(
             for field, histogram in (("engine_queue_ms", cv.REQUEST_QUEUE_TIME),
                                      ("engine_prefill_ms", cv.REQUEST_PREFILL_TIME),
                                      ("engine_decode_ms", cv.REQUEST_DECODE_TIME)):
-                theirs = (_sum(vllm_after, histogram.sum) - _sum(vllm_before, histogram.sum)) * 1000
+                theirs = (sample_sum(vllm_after, histogram.sum) - sample_sum(vllm_before, histogram.sum)) * 1000
                 assert record[field] == pytest.approx(theirs, abs=0.051), (field, body)  # rounded to 0.1 ms
             engine_s = (record["engine_queue_ms"] + record["engine_prefill_ms"] + record["engine_decode_ms"]) / 1000
             # e2e also holds vLLM's front end before the queue (tokenizing, the chat template, the hop to
@@ -113,7 +106,7 @@ async def test_every_request_gets_vllms_numbers_and_they_add_up_to_vllms_e2e(
             spans = otlp_receiver.wait_for(lambda s, t=trace_id: s.service == "inferwatch" and s.trace_id == t, 30)
             assert spans[0].attributes["inferwatch.engine.decode_ms"] == record["engine_decode_ms"]
     text = _get(f"{sidecar.base_url}/metrics")
-    assert _sum(text, cat.ENGINE_STATS_JOINS.series, result="joined") - joined_before == len(_bodies())
+    assert sample_sum(text, cat.ENGINE_STATS_JOINS.series, result="joined") - joined_before == len(_bodies())
     shown = subprocess.run([sys.executable, "-m", "serving.cli", "logs", "search", "--dir", str(sidecar_logs_dir),
                             "--trace-id", trace_id], capture_output=True, text=True, check=True).stdout
     assert json.loads(shown)["engine_decode_ms"] == record["engine_decode_ms"]
@@ -129,21 +122,21 @@ async def test_per_request_preemptions_add_up_to_vllms_counter(
         "--serve-engine-stats-listen", str(server.engine_stats), "--scrape-enabled", "false",
         "--serve-request-timeout-s", "600", "--serve-read-timeout-s", "300"])
     try:
-        preempted_before = _sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series)
+        preempted_before = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series)
         body = {"model": server.model_name, "prompt": PROMPT, "max_tokens": 512, "ignore_eos": True, "stream": True}
         async with aiohttp.ClientSession() as session:
             answers = await asyncio.gather(*(_send(session, sidecar.base_url, body) for _ in range(16)))
         assert all(status == 200 for status, _, _ in answers)
-        preempted = _sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series) - preempted_before
+        preempted = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series) - preempted_before
         for _ in range(50):  # the last requests' records may trail their answers by a moment
             text = _get(f"{sidecar.base_url}/metrics")
-            if _sum(text, cat.ENGINE_STATS_JOINS.series) >= 16:
+            if sample_sum(text, cat.ENGINE_STATS_JOINS.series) >= 16:
                 break
             await asyncio.sleep(0.1)
-        assert _sum(text, cat.ENGINE_STATS_JOINS.series, result="joined") == 16
+        assert sample_sum(text, cat.ENGINE_STATS_JOINS.series, result="joined") == 16
         assert preempted > 0, "the storm must preempt for the check to mean anything"
-        assert _sum(text, cat.ENGINE_PREEMPTIONS_PER_REQUEST.sum) == preempted
-        assert _sum(text, cat.ENGINE_PLUGIN_REQUESTS.series, state="running") == 0
+        assert sample_sum(text, cat.ENGINE_PREEMPTIONS_PER_REQUEST.sum) == preempted
+        assert sample_sum(text, cat.ENGINE_PLUGIN_REQUESTS.series, state="running") == 0
     finally:
         sidecar.stop()
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.harness import servers
+from tests.harness.exposition import sample_sum
 from tests.harness.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.real_server
@@ -26,15 +26,6 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None)
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read()
-
-
-def _metric_sum(text: str, sample: str, **labels: str) -> float:
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
 
 
 def _get(url: str) -> str:
@@ -55,7 +46,7 @@ def test_non_streaming_tokens_equal_vllm_usage(sidecar: servers.SidecarServer) -
     labels = {"model_name": "tiny-llm", "route": "/v1/completions"}
     for sample, key in (("inferwatch_completion_tokens_total", "completion_tokens"),
                         ("inferwatch_prompt_tokens_total", "prompt_tokens")):
-        assert _metric_sum(after, sample, **labels) - _metric_sum(before, sample, **labels) == usage[key]
+        assert sample_sum(after, sample, **labels) - sample_sum(before, sample, **labels) == usage[key]
     assert len(headers["x-trace-id"]) == 32
 
 
@@ -75,15 +66,15 @@ def test_streaming_tokens_ttft_and_usage_chunk(sidecar: servers.SidecarServer, v
     after = _get(f"{sidecar.base_url}/metrics")
     vllm_after = vllm_server.metrics_text()
     labels = {"model_name": "tiny-llm", "route": "/v1/chat/completions"}
-    sidecar_tokens = (_metric_sum(after, "inferwatch_completion_tokens_total", **labels)
-                      - _metric_sum(before, "inferwatch_completion_tokens_total", **labels))
-    vllm_tokens = (_metric_sum(vllm_after, "vllm:generation_tokens_total")
-                   - _metric_sum(vllm_before, "vllm:generation_tokens_total"))
+    sidecar_tokens = (sample_sum(after, "inferwatch_completion_tokens_total", **labels)
+                      - sample_sum(before, "inferwatch_completion_tokens_total", **labels))
+    vllm_tokens = (sample_sum(vllm_after, "vllm:generation_tokens_total")
+                   - sample_sum(vllm_before, "vllm:generation_tokens_total"))
     assert sidecar_tokens == 12 == vllm_tokens
-    ttft = (_metric_sum(after, "inferwatch_time_to_first_token_seconds_sum", **labels)
-            - _metric_sum(before, "inferwatch_time_to_first_token_seconds_sum", **labels))
-    e2e = (_metric_sum(after, "inferwatch_e2e_request_latency_seconds_sum", **labels)
-           - _metric_sum(before, "inferwatch_e2e_request_latency_seconds_sum", **labels))
+    ttft = (sample_sum(after, "inferwatch_time_to_first_token_seconds_sum", **labels)
+            - sample_sum(before, "inferwatch_time_to_first_token_seconds_sum", **labels))
+    e2e = (sample_sum(after, "inferwatch_e2e_request_latency_seconds_sum", **labels)
+           - sample_sum(before, "inferwatch_e2e_request_latency_seconds_sum", **labels))
     assert 0 < ttft <= e2e
 
 
@@ -169,7 +160,7 @@ def test_genai_server_histograms_count_what_vllm_generated(sidecar: servers.Side
     for family in ("gen_ai_server_request_duration_seconds", "gen_ai_server_time_to_first_token_seconds",
                    "gen_ai_server_time_per_output_token_seconds"):
         name = f"{family}_count"
-        assert _metric_sum(after, name, **labels) - _metric_sum(before, name, **labels) == 1, family
+        assert sample_sum(after, name, **labels) - sample_sum(before, name, **labels) == 1, family
 
 
 def test_invalid_traceparent_still_served(sidecar: servers.SidecarServer) -> None:
