@@ -233,7 +233,7 @@ class TestRun:
 
     async def test_slowest_requests_come_first(self, aiohttp_server: Servers) -> None:
         """The request the upstream held back longest heads the slowest list."""
-        fake = FakeOpenAI(first_token_delays_s=(0, 0, 0, 0.15, 0))
+        fake = FakeOpenAI(first_token_delays_s=(0, 0, 0, 0.6, 0))  # longer than a busy machine's stalls
         url = await _upstream(aiohttp_server, fake)
         report = await run_load(_spec(url, requests=5, concurrency=1))
         assert report.slowest[0].index == 3
