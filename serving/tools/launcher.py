@@ -261,7 +261,6 @@ def start_vllm(
     otlp_traces_endpoint: str | None = None,
     engine_stats: str | None = None,
     extra_args: Sequence[str] = (),
-    extra_env: dict[str, str] | None = None,
     deadline_s: float = 240.0,
 ) -> VllmServer:
     """Start vLLM-CPU on a free port and wait for /health; ServerUnavailable on failure.
@@ -292,7 +291,6 @@ def start_vllm(
     env.pop("INFERWATCH_ENGINE_STATS", None)
     if engine_stats:
         env["INFERWATCH_ENGINE_STATS"] = engine_stats
-    env.update(extra_env or {})
     process = launch(ManagedProcess(f"vllm[{model_name}]", argv, work_dir / f"vllm-{port}.log", env=env),
                      f"http://127.0.0.1:{port}/health", deadline_s)
     return VllmServer(process, port, model_name, block_size, num_gpu_blocks_override, engine_stats)
