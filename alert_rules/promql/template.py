@@ -192,17 +192,6 @@ def printf(fmt: object, *args: object) -> str:
     return _VERB.sub(one, str(fmt))
 
 
-FUNCTIONS: dict[str, Callable[..., str]] = {
-    "humanize": humanize,
-    "humanizePercentage": humanize_percentage,
-    "humanizeDuration": humanize_duration,
-    "printf": printf,
-    "toUpper": lambda s: str(s).upper(),
-    "toLower": lambda s: str(s).lower(),
-    "title": lambda s: str(s).title(),
-}
-
-
 def _first(result: object) -> Sample:
     if not isinstance(result, list):
         raise TemplateError(f"first() needs a query result, got {go_value(result)!r}")
