@@ -5,8 +5,10 @@ from __future__ import annotations
 import gzip
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TypeVar
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
@@ -16,6 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -125,12 +129,16 @@ class OtlpReceiver:
 
     def logs_for(self, trace_id: str, deadline_s: float = 30.0) -> list[ReceivedLogRecord]:
         """Wait until a log record of ``trace_id`` arrives; return those received (maybe none)."""
+        return self._wait(lambda: [r for r in self.log_records if r.trace_id == trace_id], deadline_s)
+
+    def _wait(self, found: Callable[[], list[T]], deadline_s: float) -> list[T]:
+        """Poll ``found()`` under the lock until it is not empty or the deadline passes."""
         end = time.monotonic() + deadline_s
         while True:
             with self._lock:
-                found = [r for r in self.log_records if r.trace_id == trace_id]
-            if found or time.monotonic() > end:
-                return found
+                result = found()
+            if result or time.monotonic() > end:
+                return result
             time.sleep(0.05)
 
     def _add(self, request: ExportTraceServiceRequest) -> None:
@@ -149,15 +157,9 @@ class OtlpReceiver:
         with self._lock:
             self.spans.extend(spans)
 
-    def wait_for(self, predicate: object, deadline_s: float = 30.0) -> list[ReceivedSpan]:
+    def wait_for(self, predicate: Callable[[ReceivedSpan], bool], deadline_s: float = 30.0) -> list[ReceivedSpan]:
         """Wait until some received spans satisfy ``predicate(span)``; return them (maybe empty)."""
-        end = time.monotonic() + deadline_s
-        while True:
-            with self._lock:
-                found = [s for s in self.spans if predicate(s)]  # type: ignore[operator]
-            if found or time.monotonic() > end:
-                return found
-            time.sleep(0.1)
+        return self._wait(lambda: [s for s in self.spans if predicate(s)], deadline_s)
 
     def close(self) -> None:
         """Stop listening."""
