@@ -23,6 +23,7 @@ from alert_rules.promtool_runner import run_file
 from exporters.catalog.engine import ENGINE_PREEMPTIONS, ENGINE_REQUESTS, ENGINE_WAITING_BY_REASON, KV_USAGE
 from exporters.catalog.gpu import GPU_CLOCK_EVENT_ACTIVE, GPU_MEMORY_TOTAL, GPU_MEMORY_USED
 from exporters.catalog.request import REQUESTS
+from tests.unit.alert_rules.rule_test_files import write_rule_test
 
 QUEUE_CONTEXT = ("KV cache 87.5%; preemptions 0.5/s; waiting by reason: capacity=45 deferred=15; "
                  "most errors: length bucket 2k-8k at 0.2/s; GPU memory used 75%; "
@@ -88,10 +89,6 @@ def _alert(rules: dict[str, Any], name: str, labels: dict[str, str], context: st
 def context_test_file(root: Path, config: RulesConfig | None = None) -> Path:
     """Write the built rules and the promtool test of two alerts' expanded context."""
     config = config or RulesConfig()
-    for rel, text in outputs(config).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
     rules = yaml.safe_load(outputs(config)["rules/intervene.yml"])
     doc: dict[str, Any] = {
         "rule_files": ["../rules/slo.yml", "../rules/intervene.yml"],
@@ -110,9 +107,7 @@ def context_test_file(root: Path, config: RulesConfig | None = None) -> Path:
             ],
         }],
     }
-    path = root / "tests" / "context.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
-    return path
+    return write_rule_test(root, config, "context.yml", doc)
 
 
 def test_embedded_evaluator_expands_the_context_exactly(tmp_path: Path) -> None:

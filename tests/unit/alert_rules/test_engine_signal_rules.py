@@ -19,6 +19,7 @@ from alert_rules.promtool_runner import run_file
 from alert_rules.slo import error_ratio_name
 from exporters.catalog.engine import ENGINE_ADMISSION_REJECTIONS, ENGINE_GENERATION_TOKENS, ENGINE_REQUESTS, KV_USAGE
 from exporters.catalog.request import REQUESTS, UPSTREAM_READY
+from tests.unit.alert_rules.rule_test_files import write_rule_test
 
 
 def _series(name: str, values: str, **labels: str) -> dict[str, str]:
@@ -56,10 +57,6 @@ def _rejections(model: str, per_minute: int) -> dict[str, str]:
 def signals_test_file(root: Path, config: RulesConfig | None = None) -> Path:
     """Write the built rules and the promtool test of the wedged expression and the SLO's rejections."""
     config = config or RulesConfig()
-    for rel, text in outputs(config).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
     ratio = f'{error_ratio_name(300)}{{slo="availability"}}'
     doc: dict[str, Any] = {
         "rule_files": ["../rules/slo.yml", "../rules/intervene.yml"],
@@ -108,9 +105,7 @@ def signals_test_file(root: Path, config: RulesConfig | None = None) -> Path:
             },
         ],
     }
-    path = root / "tests" / "engine_signals.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_rule_test(root, config, "engine_signals.yml", doc)
 
 
 def test_embedded_evaluator_passes_the_engine_signal_cases(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from alert_rules.build import outputs
 from alert_rules.config import RulesConfig
 from alert_rules.promtool_runner import run_file
 from alert_rules.slo import error_ratio_name
+from tests.unit.alert_rules.rule_test_files import write_rule_test
 
 MODEL = "m"
 
@@ -51,10 +52,6 @@ def replica_test_file(root: Path, config: RulesConfig | None = None) -> Path:
     before rate() would see b's restart as a reset of the whole sum and report 0.05.)
     """
     config = config or RulesConfig()
-    for rel, text in outputs(config).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
     waiting = 'inferwatch_engine_requests{{instance="{}", model_name="{}", state="waiting"}}'
     limit = config.queue_waiting
     doc: dict[str, Any] = {
@@ -92,9 +89,7 @@ def replica_test_file(root: Path, config: RulesConfig | None = None) -> Path:
             },
         ],
     }
-    path = root / "tests" / "replicas.yml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    return write_rule_test(root, config, "replicas.yml", doc)
 
 
 def test_embedded_evaluator_aggregates_replicas(tmp_path: Path) -> None:
