@@ -67,7 +67,6 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[ReceivedSpan] = []
         self.log_records: list[ReceivedLogRecord] = []
-        self.log_requests = 0
         self._lock = threading.Lock()
         receiver = self
 
@@ -125,7 +124,6 @@ class OtlpReceiver:
                     )
         with self._lock:
             self.log_records.extend(records)
-            self.log_requests += 1
 
     def logs_for(self, trace_id: str, deadline_s: float = 30.0) -> list[ReceivedLogRecord]:
         """Wait until a log record of ``trace_id`` arrives; return those received (maybe none)."""
