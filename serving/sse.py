@@ -20,6 +20,8 @@ from typing import Any
 import orjson
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
+_RUNNING = b'"finish_reason":null'
+_RUNNING_SPACED = b'"finish_reason": null'
 _ZEROS = [0.0] * 256
 
 
@@ -68,12 +70,14 @@ class SseReader:
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a network chunk that arrived at ``now_ns``; return the complete events to forward."""
-        if self.stats.problem is not None:
+        stats = self.stats
+        if stats.problem is not None:
             return b""
         buffer = self._buffer + data if self._buffer else data
-        if b"\r" in buffer:
+        # Byte tests use ``find``, not ``in``: ``needle in bytes`` first tries the needle as an
+        # integer and pays for the TypeError, which costs more than the scan of a chunk.
+        if buffer.find(b"\r") >= 0:
             return self._feed_general(buffer, now_ns)
-        stats = self.stats
         if stats.first_content_ns is not None and (self._max_event_bytes is None
                                                    or len(buffer) <= self._max_event_bytes):
             # The hot path: everything complete in this read is ordinary mid-stream content
@@ -84,10 +88,11 @@ class SseReader:
             end = buffer.rfind(b"\n\n") + 2
             if end > 1:
                 complete = buffer[:end] if end < len(buffer) else buffer
-                events = complete.count(b"\n\n")
+                # one event (its end the only separator) is the usual read of a paced stream
+                events = 1 if complete.find(b"\n\n") == end - 2 else complete.count(b"\n\n")
                 if (complete.count(b"data: {") == events
-                        and complete.count(b'"finish_reason":null') + complete.count(b'"finish_reason": null')
-                        == events and b'"usage"' not in complete and b'"error"' not in complete):
+                        and complete.count(_RUNNING) + complete.count(_RUNNING_SPACED) == events
+                        and complete.find(b'"usage"') < 0 and complete.find(b'"error"') < 0):
                     self._buffer = buffer[end:]
                     stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
                     if events > 1:
@@ -101,30 +106,38 @@ class SseReader:
             self._check_size(events)
         if not events:
             return b""
-        changed = False
-        out: list[bytes] = []
+        # Event by event. What is forwarded is the read's complete part with a few events
+        # replaced or removed: ``pieces`` gathers runs of unchanged events (slices of
+        # ``buffer``) and the replacements, and stays empty while nothing changed.
+        pieces: list[bytes] = []
+        start = pos = 0  # start of the run of unchanged events not yet in pieces; start of this event
         for body in events:
-            if body.startswith(b"data: {") and b"\n" not in body:
-                raw = body + b"\n\n"
+            end = pos + len(body) + 2
+            if body.startswith(b"data: {") and body.find(b"\n") < 0:
                 if stats.first_content_ns is not None and _is_plain_content(body):
                     # a content chunk among others (first, last, usage) in this read: count it, no JSON
                     stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
                     stats.last_content_ns = now_ns
                     stats.content_events += 1
-                    out.append(raw)
+                    pos = end
                     continue
+                raw = buffer[pos:end]
                 forwarded = self._json_event(raw, body[6:], now_ns)
             else:
-                raw = body + b"\n\n"
+                raw = buffer[pos:end]
                 forwarded = self._event(raw, body, now_ns)
-            if self.stats.problem is not None:
-                return b"".join(out)  # forward what came before the bad event, nothing after
+            if stats.problem is not None:
+                pieces.append(buffer[start:pos])  # forward what came before the bad event, nothing after
+                return b"".join(pieces)
             if forwarded is not raw:
-                changed = True
-            out.append(forwarded)
-        if not changed:
-            return buffer[: len(buffer) - len(self._buffer)]
-        return b"".join(out)
+                pieces.append(buffer[start:pos])
+                pieces.append(forwarded)
+                start = end
+            pos = end
+        if not pieces:
+            return buffer[:pos]
+        pieces.append(buffer[start:pos])
+        return b"".join(pieces)
 
     def _check_size(self, complete: list[bytes]) -> None:
         """Flag an event (complete, or still unterminated in the buffer) larger than ``max_event_bytes``."""
@@ -239,8 +252,8 @@ def _is_plain_content(body: bytes) -> bool:
     Byte tests only (vLLM writes ``"finish_reason":null`` compactly; json.dumps writes it with a
     space). A chunk that fails them is parsed, so a false "no" costs time, never correctness.
     """
-    return (b'"finish_reason":null' in body or b'"finish_reason": null' in body) and b'"usage"' not in body \
-        and b'"error"' not in body
+    return ((body.find(_RUNNING) >= 0 or body.find(_RUNNING_SPACED) >= 0) and body.find(b'"usage"') < 0
+            and body.find(b'"error"') < 0)
 
 
 def _without_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
