@@ -13,6 +13,7 @@ Two ways to know a request's size while it runs:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +24,8 @@ class InFlight:
 
     model: str
     tokens: int
+    started_ns: int = 0
+    """When the request entered the table (``time.monotonic_ns``: one clock for every process of the host)."""
 
 
 class ContentCounter(Protocol):
@@ -32,38 +35,57 @@ class ContentCounter(Protocol):
 
 
 class InFlightTokens:
-    """A table ``request key -> [model, tokens, stream counter]``.
+    """A table ``request key -> [model, tokens, stream counter, start]``.
 
     It sits on the request path, so writes are a dict lookup and an item store, with no lock:
     each operation is a single atomic step under the GIL, and readers take a copy. A tracked
-    stream costs nothing per chunk: its counter is read when the table is.
+    stream costs nothing per chunk: its counter is read when the table is. With ``serve --workers``
+    the primary also holds the other processes' tables (:meth:`set_remote`), merged in start order.
     """
 
     def __init__(self) -> None:
         self._table: dict[str, list[object]] = {}
+        self._remote: dict[str, tuple[float, list[InFlight]]] = {}
 
     def update(self, key: str, model: str, tokens: int) -> None:
         """Set the token count of a request (exact mode: on start and on every usage chunk)."""
         entry = self._table.get(key)
         if entry is None:
-            self._table[key] = [model, tokens, None]
+            self._table[key] = [model, tokens, None, time.monotonic_ns()]
         else:
             entry[1] = tokens
 
     def track(self, key: str, model: str, prompt_tokens: int, stream: ContentCounter | None = None) -> None:
         """Enter a request with its (estimated) prompt size; a stream adds its content chunks as it goes."""
-        self._table[key] = [model, prompt_tokens, stream]
+        self._table[key] = [model, prompt_tokens, stream, time.monotonic_ns()]
 
     def remove(self, key: str) -> None:
         """Forget a finished request."""
         self._table.pop(key, None)
 
-    def snapshot(self) -> list[InFlight]:
-        """A copy of the current entries."""
+    def local_snapshot(self) -> list[InFlight]:
+        """A copy of this process's entries, in start order."""
         out = []
-        for model, tokens, stream in list(self._table.values()):
+        for model, tokens, stream, started in list(self._table.values()):
             generated = stream.content_events if stream is not None else 0  # type: ignore[attr-defined]
-            out.append(InFlight(str(model), int(tokens) + int(generated)))  # type: ignore[call-overload]
+            out.append(InFlight(str(model), int(tokens) + int(generated), started))  # type: ignore[call-overload, arg-type]
+        return out
+
+    def set_remote(self, source: str, entries: list[InFlight], *, ttl_s: float) -> None:
+        """Replace another process's entries; they count for ``ttl_s`` unless replaced again."""
+        self._remote[source] = (time.monotonic() + ttl_s, entries)
+
+    def snapshot(self) -> list[InFlight]:
+        """A copy of the current entries (this process's and the fresh remote ones), in start order."""
+        out = self.local_snapshot()
+        if self._remote:
+            now = time.monotonic()
+            for source, (expires, entries) in list(self._remote.items()):
+                if expires < now:
+                    self._remote.pop(source, None)
+                else:
+                    out.extend(entries)
+            out.sort(key=lambda entry: entry.started_ns)
         return out
 
 

@@ -22,6 +22,7 @@ from serving.errors import error_body
 from serving.proxy import Proxy
 from serving.rule_engine import RULE_RUNNER
 from serving.signing import read_secret_file
+from serving.workers import from_unix_socket
 
 ADMIN_PREFIX = "/admin/"
 ADMIN_MOUNT = "/admin"
@@ -50,7 +51,8 @@ def admin_guard(token: bytes | None) -> Callable[[web.Request, Handler], Awaitab
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not request.path.startswith(ADMIN_PREFIX) or _is_loopback(request.remote):
+        if not request.path.startswith(ADMIN_PREFIX) or _is_loopback(request.remote) or from_unix_socket(request):
+            # the primary's private socket: a secondary of `serve --workers` that checked the client itself
             return await handler(request)
         offered = request.headers.get("Authorization", "")
         scheme, _, value = offered.partition(" ")

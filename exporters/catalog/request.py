@@ -143,9 +143,16 @@ ENGINE_SPECS: tuple[MetricSpec, ...] = (
     ENGINE_PLUGIN_KV_CACHE_USAGE, ENGINE_PLUGIN_REQUESTS,
 )
 
+WORKER_RECORDS = MetricSpec(
+    "inferwatch_worker_records", MetricType.COUNTER,
+    "Request records the primary process received from each other process of `serve --workers N` (its own "
+    "requests are not counted here); every request is in the request families whichever process served it.",
+    ("worker",),
+)
+
 SPECS: tuple[MetricSpec, ...] = (
     REQUESTS, REQUESTS_IN_FLIGHT, UPSTREAM_ACCEPT_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS,
     INTER_TOKEN_LATENCY_SECONDS, E2E_LATENCY_SECONDS, PROMPT_TOKENS, COMPLETION_TOKENS,
     REQUEST_PROMPT_TOKENS, REQUEST_COMPLETION_TOKENS, FINISH_REASONS, PREFILL_SHARE_RATIO,
-    UPSTREAM_READY, REQUESTS_NORMALIZED, *ENGINE_SPECS,
+    UPSTREAM_READY, REQUESTS_NORMALIZED, WORKER_RECORDS, *ENGINE_SPECS,
 )

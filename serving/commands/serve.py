@@ -7,7 +7,7 @@ import sys
 
 from serving.config import add_config_flags, settings_from_args
 
-SHORTCUTS = {"upstream": "serve.upstream", "listen": "serve.listen"}
+SHORTCUTS = {"upstream": "serve.upstream", "listen": "serve.listen", "workers": "serve.workers"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,27 +20,47 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--upstream", metavar="URL", help="vLLM base URL (serve.upstream), e.g. http://127.0.0.1:8000")
     parser.add_argument("--listen", metavar="HOST:PORT", help="address to listen on (serve.listen)")
+    parser.add_argument("--workers", metavar="N", help="processes answering on the listen port, to use more than "
+                        "one core (serve.workers)")
+    parser.add_argument("--worker-of", metavar="SOCKET", help=argparse.SUPPRESS)  # set by the primary
+    parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     add_config_flags(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the app and serve until SIGINT/SIGTERM."""
+    """Build the app and serve until SIGINT/SIGTERM (with ``--workers N``, N processes on one port)."""
+    import asyncio
+    import os
+
+    import structlog
     import uvloop
-    from aiohttp import web
 
     from log_pipeline.chain import configure_logging
-    from serving.app import build_app, server_options
+    from serving.app import build_app, build_secondary_app, server_options
+    from serving.workers import Secondaries, private_socket_path, serve_until_signal
 
     settings = settings_from_args(args, SHORTCUTS)
     configure_logging(settings.serve.log_level)
     host, _, port = settings.serve.listen.rpartition(":")
-    app = build_app(settings)
-    print(
-        f"inferwatch serve: listening on http://{settings.serve.listen} -> {settings.serve.upstream} "
-        f"(metrics at http://{settings.serve.listen}/metrics)",
-        file=sys.stderr, flush=True,
-    )
-    web.run_app(app, host=host, port=int(port), print=None, shutdown_timeout=5, loop=uvloop.new_event_loop(),
-                **server_options(settings))  # type: ignore[arg-type]
+    workers = settings.serve.workers
+    secondaries = unix_path = None
+    if args.worker_of:  # a secondary started by the primary
+        structlog.contextvars.bind_contextvars(worker=args.worker_index)
+        app = build_secondary_app(settings, args.worker_of, args.worker_index, os.getppid())
+    else:
+        app = build_app(settings)
+        if workers > 1:
+            unix_path = private_socket_path()
+            secondaries = Secondaries(args.argv, workers, unix_path)
+        print(
+            f"inferwatch serve: listening on http://{settings.serve.listen} -> {settings.serve.upstream} "
+            f"(metrics at http://{settings.serve.listen}/metrics"
+            + (f"; {workers} worker processes)" if workers > 1 else ")"),
+            file=sys.stderr, flush=True,
+        )
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve_until_signal(app, host, int(port), reuse_port=workers > 1, unix_path=unix_path,
+                                      secondaries=secondaries, shutdown_timeout_s=5.0,
+                                      server_options=server_options(settings)))
     return 0

@@ -1,0 +1,339 @@
+"""``serve --workers N``: N processes answer on one port (SO_REUSEPORT), one of them keeps the books.
+
+The first process (the primary) is the whole sidecar: it proxies its share of the connections and
+alone runs what must run once: the metrics registry behind ``/metrics``, the log archive writer,
+the OTLP log shipper, the vLLM scraper and NVML reader, the rule engine, the readiness job and the
+stat-logger plugin's UDP listener. It also listens on a private Unix socket and starts the other
+N - 1 processes (secondaries) as copies of its own command line with ``--worker-of SOCKET``.
+
+A secondary only proxies. Each finished request's record goes to the primary in small batches
+over the Unix socket (:class:`RecordForwarder`, never on the request path: a batch leaves at
+most :data:`FLUSH_INTERVAL_S` after the request ended), and the primary runs the same observers
+on it as on its own requests: one registry, so counters and histograms are simply the sum of all
+processes' requests and every latency keeps its trace-id exemplar; one archive writer. The
+batches also carry the secondary's in-flight table (the KV-fragmentation estimate sees every
+request) and their answer brings back which models are being shed (``serve.shed_on_degrade``).
+``/metrics``, ``/readyz`` and ``/admin/*`` reaching a secondary are answered by the primary
+(:func:`forward_to_primary`), so every connection sees the same view.
+
+Limits: ``serve.max_inflight`` is shared out, each process admitting its part; a record still
+batched in a secondary that is killed (not stopped) is lost, as is any request in flight there.
+With the stat-logger plugin, the engine numbers of a secondary's requests reach the metrics and
+the log record but not its span (the span ended in the secondary before the join).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+from opentelemetry.trace import INVALID_SPAN, Span
+from prometheus_client import CollectorRegistry, Counter
+
+from exporters.catalog import request as cat
+from exporters.inflight import InFlight, InFlightTokens
+from exporters.records import Outcome, RequestRecord
+
+log = structlog.get_logger(__name__)
+
+RECORDS_PATH = "/_inferwatch/worker/records"
+"""Where secondaries post their records; answered on the primary's Unix socket only."""
+FORWARDED_PATHS = ("/metrics", "/readyz")
+"""A secondary's own endpoints that the primary answers (with ``/admin/*``)."""
+FLUSH_INTERVAL_S = 0.1
+MAX_BATCH = 512
+"""Records per post; more wait for the next one (a burst is sent in several)."""
+MAX_PENDING = 65_536
+"""Records a secondary holds while the primary does not answer; older ones are dropped first."""
+REMOTE_INFLIGHT_TTL_S = 2.0
+"""A secondary's in-flight table counts for this long after its last batch (a dead one's is forgotten)."""
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
+_RECORD_FIELDS = frozenset(f.name for f in fields(RequestRecord))
+
+
+def shares(max_inflight: int, workers: int) -> int:
+    """Each process's part of ``serve.max_inflight`` (rounded up, at least one)."""
+    return max(1, math.ceil(max_inflight / workers))
+
+
+def record_from_wire(data: dict[str, Any]) -> RequestRecord:
+    """The record a secondary sent (unknown keys ignored; engine numbers are joined here, never sent).
+
+    Raises:
+        ValueError: the data is not a record.
+    """
+    values = {key: value for key, value in data.items() if key in _RECORD_FIELDS and key != "engine"}
+    try:
+        values["outcome"] = Outcome(values.get("outcome", "ok"))
+        return RequestRecord(**values)
+    except TypeError as err:
+        raise ValueError(f"not a request record: {err}") from err
+
+
+def from_unix_socket(request: web.Request) -> bool:
+    """Whether the request came in on a Unix socket (the primary's private one), not over TCP."""
+    transport = request.transport
+    return transport is not None and isinstance(transport.get_extra_info("sockname"), str)
+
+
+# ---- secondary side -----------------------------------------------------------------------------
+
+
+class RecordForwarder:
+    """Collects a secondary's finished records and posts them to the primary, with its in-flight table."""
+
+    def __init__(self, socket_path: str, worker: int, inflight: InFlightTokens) -> None:
+        self._socket_path = socket_path
+        self._worker = worker
+        self._inflight = inflight
+        self._pending: list[RequestRecord] = []
+        self.degraded: frozenset[str] = frozenset()
+        """Models the primary's rule engine sheds (its InferwatchCircuitBreakerDegrade alerts)."""
+        self.dropped = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    def observe(self, record: RequestRecord, _span: Span) -> None:
+        """The secondary's only observer: queue the record for the next batch."""
+        pending = self._pending
+        pending.append(record)
+        if len(pending) > MAX_PENDING:  # the primary has not answered for a long while
+            del pending[0]
+            self.dropped += 1
+
+    async def flush(self) -> bool:
+        """Post one batch (and the in-flight table); False when the primary did not take it."""
+        batch = self._pending[:MAX_BATCH]
+        inflight = [[e.model, e.tokens, e.started_ns] for e in self._inflight.local_snapshot()]
+        body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight})
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
+        try:
+            async with self._session.post(f"http://primary{RECORDS_PATH}", data=body,
+                                          headers={"Content-Type": "application/json"},
+                                          timeout=aiohttp.ClientTimeout(total=5)) as response:
+                if response.status == 400:  # the primary cannot read it: retrying would block every later one
+                    log.error("worker_records_refused", status=response.status, worker=self._worker,
+                              records=len(batch), error=(await response.text())[:200])
+                    del self._pending[: len(batch)]
+                    self.dropped += len(batch)
+                    return False
+                if response.status != 200:
+                    log.warning("worker_records_refused", status=response.status, worker=self._worker)
+                    return False
+                answer = await response.json(loads=orjson.loads)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            log.warning("worker_records_unsent", error=repr(err), worker=self._worker, pending=len(self._pending),
+                        dropped=self.dropped)
+            return False
+        del self._pending[: len(batch)]
+        self.degraded = frozenset(answer.get("degraded", ()))
+        return True
+
+    async def run(self) -> None:
+        """Flush every :data:`FLUSH_INTERVAL_S` (sooner while a burst is still queued)."""
+        while True:
+            sent = await self.flush()
+            if not (sent and len(self._pending) >= MAX_BATCH):
+                await asyncio.sleep(FLUSH_INTERVAL_S)
+
+    async def close(self) -> None:
+        """Send what is left (a few tries while the primary answers), then close the client."""
+        for _ in range(20):
+            if not self._pending:
+                break
+            if not await self.flush():
+                await asyncio.sleep(0.1)
+        if self._pending:
+            log.warning("worker_records_lost_at_exit", records=len(self._pending), worker=self._worker)
+        if self._session is not None:
+            await self._session.close()
+
+
+def forwarder_ctx(forwarder: RecordForwarder) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Cleanup context: flush on a timer while the secondary runs, send the rest at shutdown."""
+
+    async def ctx(_app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(forwarder.run())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await forwarder.close()
+
+    return ctx
+
+
+def forward_to_primary(socket_path: str) -> Callable[[web.Request], Any]:
+    """A handler answering a request with the primary's answer to it (``/metrics``, ``/readyz``, admin)."""
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        if not sessions:
+            sessions.append(aiohttp.ClientSession(connector=aiohttp.UnixConnector(socket_path)))
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("accept", "authorization")}
+        try:
+            async with sessions[0].get(f"http://primary{request.path_qs}", headers=headers,
+                                       timeout=aiohttp.ClientTimeout(total=10)) as answer:
+                body = await answer.read()
+                kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "cache-control")}
+                return web.Response(body=body, status=answer.status, headers=kept)
+        except (aiohttp.ClientError, TimeoutError) as err:
+            log.warning("worker_primary_unreachable", path=request.path, error=repr(err))
+            return web.json_response({"error": {"message": "the primary sidecar process does not answer",
+                                                "type": "primary_unreachable"}}, status=503)
+
+    return handle
+
+
+async def watch_parent(parent_pid: int) -> None:
+    """Stop this secondary when the primary that started it is gone (it would be an orphan)."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(1.0)
+    log.warning("worker_primary_gone", parent=parent_pid)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+# ---- primary side -------------------------------------------------------------------------------
+
+
+class RecordIntake:
+    """The primary's end: records from secondaries go through the same finish as its own requests."""
+
+    def __init__(
+        self,
+        finish: Callable[[RequestRecord, Span], None],
+        inflight: InFlightTokens,
+        degraded: Callable[[], frozenset[str]],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._finish = finish
+        self._inflight = inflight
+        self._degraded = degraded
+        spec = cat.WORKER_RECORDS
+        self.received = Counter(spec.name, spec.help, spec.labels, registry=registry)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """POST of a batch; 404 unless it came over the private Unix socket."""
+        if not from_unix_socket(request):
+            raise web.HTTPNotFound()
+        try:
+            batch = orjson.loads(await request.read())
+            worker = int(batch["worker"])
+            records = [record_from_wire(item) for item in batch["records"]]
+            remote = [InFlight(str(m), int(t), int(s)) for m, t, s in batch.get("inflight", [])]
+        except (ValueError, KeyError, TypeError) as err:
+            return web.json_response({"error": f"malformed worker batch: {err}"}, status=400)
+        self._inflight.set_remote(f"worker-{worker}", remote, ttl_s=REMOTE_INFLIGHT_TTL_S)
+        for record in records:
+            self._finish(record, INVALID_SPAN)
+        self.received.labels(str(worker)).inc(len(records))
+        return web.json_response({"degraded": sorted(self._degraded())})
+
+
+class Secondaries:
+    """Starts the N - 1 secondary processes, restarts one that dies, stops them first at shutdown."""
+
+    def __init__(self, argv: Sequence[str], count: int, socket_path: str) -> None:
+        self._argv = list(argv)
+        self._count = count
+        self._socket_path = socket_path
+        self._processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._restarts: dict[int, int] = {}
+        self._stopping = False
+
+    def command(self, index: int) -> list[str]:
+        """The secondary's command line: this one's, plus where the primary is and which worker it is."""
+        return [sys.executable, "-m", "serving.cli", *self._argv,
+                "--worker-of", self._socket_path, "--worker-index", str(index)]
+
+    def start(self) -> None:
+        for index in range(1, self._count):
+            self._spawn(index)
+
+    def _spawn(self, index: int) -> None:
+        self._processes[index] = subprocess.Popen(self.command(index))
+
+    async def watch(self) -> None:
+        """Restart a secondary that exited while we were not stopping (with growing back-off)."""
+        while not self._stopping:
+            await asyncio.sleep(0.5)
+            for index, process in list(self._processes.items()):
+                if process.poll() is None or self._stopping:
+                    continue
+                tries = self._restarts.get(index, 0)
+                delay = RESTART_BACKOFF_S[min(tries, len(RESTART_BACKOFF_S) - 1)]
+                log.warning("worker_exited", worker=index, returncode=process.returncode, restart_in_s=delay)
+                self._restarts[index] = tries + 1
+                await asyncio.sleep(delay)
+                if not self._stopping:
+                    self._spawn(index)
+
+    async def stop(self, timeout_s: float) -> None:
+        """SIGTERM every secondary (each finishes its requests and sends its records), then wait."""
+        self._stopping = True
+        for process in self._processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in self._processes.values():
+            while process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if process.poll() is None:
+                log.warning("worker_killed", pid=process.pid)
+                process.kill()
+                process.wait()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes.values() if p.poll() is None]
+
+
+def private_socket_path() -> str:
+    """A Unix socket path in a fresh directory only this user can enter."""
+    return str(Path(tempfile.mkdtemp(prefix="inferwatch-workers-")) / "primary.sock")
+
+
+async def serve_until_signal(
+    app: web.Application, host: str, port: int, *, reuse_port: bool, unix_path: str | None,
+    secondaries: Secondaries | None, shutdown_timeout_s: float, server_options: dict[str, Any],
+) -> None:
+    """Run ``app`` on HOST:PORT (and the Unix socket) until SIGINT/SIGTERM; stop the secondaries first."""
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout_s, **server_options)
+    await runner.setup()
+    sites: list[web.BaseSite] = [web.TCPSite(runner, host, port, reuse_port=reuse_port)]
+    if unix_path is not None:
+        sites.append(web.UnixSite(runner, unix_path))
+    for site in sites:
+        await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    watching = None
+    if secondaries is not None:
+        secondaries.start()
+        watching = asyncio.create_task(secondaries.watch())
+    try:
+        await stop.wait()
+    finally:
+        if secondaries is not None:  # while the primary still takes their last records
+            await secondaries.stop(shutdown_timeout_s + 5.0)
+        if watching is not None:
+            watching.cancel()
+        await runner.cleanup()
+        if unix_path is not None:
+            Path(unix_path).unlink(missing_ok=True)
+            Path(unix_path).parent.rmdir()
