@@ -252,9 +252,11 @@ def run_observers(observers: list[Observer], record: RequestRecord, span: Span) 
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
-    """One pooled client session for every upstream call."""
+    """One pooled client session for every upstream call, shared by every client: so no cookie jar (an
+    upstream's Set-Cookie goes to its client only, never into the next client's request)."""
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=True) as session:
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=True,
+                                     cookie_jar=aiohttp.DummyCookieJar()) as session:
         app[SESSION] = session
         yield
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import structlog
 from aiohttp import web
@@ -262,3 +263,29 @@ async def test_spans_follow_the_genai_conventions(
     finally:
         await sidecar.session.close()
         await runner.cleanup()
+
+
+async def test_an_upstream_cookie_never_reaches_another_clients_request(tmp_path: Path) -> None:
+    """The sidecar's one upstream session keeps no cookie jar: a Set-Cookie goes to its client, and
+    is not replayed on the next client's request (one client's session would become everyone's)."""
+    seen: list[str | None] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        response = web.json_response({"object": "list", "data": []})
+        response.set_cookie("session", "alice")
+        return response
+
+    upstream = web.Application()
+    upstream.router.add_get("/v1/models", answer)
+    with ThreadedServer(upstream) as server:
+        # by name, as in compose or Kubernetes (aiohttp's jar ignores cookies of IP addresses)
+        sidecar, runner = await start_sidecar(server.url.replace("127.0.0.1", "localhost"), tmp_path / "logs")
+        try:
+            for _ in range(2):  # a fresh client each time
+                async with aiohttp.ClientSession() as client, client.get(sidecar.url + "/v1/models") as response:
+                    assert response.cookies["session"].value == "alice"  # the client gets its cookie
+        finally:
+            await sidecar.session.close()
+            await runner.cleanup()
+    assert seen[-2:] == [None, None]
