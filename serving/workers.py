@@ -45,6 +45,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from prometheus_client import CollectorRegistry, Counter
 
 from exporters.catalog import request as cat
+from exporters.errors import ConfigError
 from exporters.inflight import InFlight, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 
@@ -310,23 +311,29 @@ async def serve_until_signal(
     app: web.Application, host: str, port: int, *, reuse_port: bool, unix_path: str | None,
     secondaries: Secondaries | None, shutdown_timeout_s: float, server_options: dict[str, Any],
 ) -> None:
-    """Run ``app`` on HOST:PORT (and the Unix socket) until SIGINT/SIGTERM; stop the secondaries first."""
+    """Run ``app`` on HOST:PORT (and the Unix socket) until SIGINT/SIGTERM; stop the secondaries first.
+
+    Raises:
+        ConfigError: HOST:PORT cannot be listened on (in use, not an address of this host).
+    """
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout_s, **server_options)
     await runner.setup()
-    sites: list[web.BaseSite] = [web.TCPSite(runner, host, port, reuse_port=reuse_port)]
-    if unix_path is not None:
-        sites.append(web.UnixSite(runner, unix_path))
-    for site in sites:
-        await site.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
     watching = None
-    if secondaries is not None:
-        secondaries.start()
-        watching = asyncio.create_task(secondaries.watch())
     try:
+        try:
+            await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+        except OSError as err:
+            raise ConfigError("serve.listen", f"cannot listen there: {err.strerror or err}",
+                              f"{host}:{port}") from None
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        if secondaries is not None:
+            secondaries.start()
+            watching = asyncio.create_task(secondaries.watch())
         await stop.wait()
     finally:
         if secondaries is not None:  # while the primary still takes their last records

@@ -125,3 +125,18 @@ async def test_the_intake_refuses_tcp_and_malformed_batches(primary: _Primary) -
     assert primary.finished == []
     assert forwarder.dropped == 1  # dropped and counted: it would block every later batch
     await forwarder.close()
+
+
+def test_a_taken_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    from serving.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code = main(["serve", "--listen", address, "--workers", "2", "--gpu-enabled", "false",
+                     "--rule-engine-enabled", "false", "--scrape-enabled", "false"])
+    assert code == 2
+    assert "config key 'serve.listen': cannot listen there" in capsys.readouterr().err
