@@ -2,9 +2,9 @@
 
 A streamed request has one gap per content chunk, so prometheus_client's ``Histogram`` would
 take a lock and scan its buckets once per chunk. This collector is handed the request's gaps
-when it ends: one bisect per gap into a local tally, then one locked merge. It exposes the same
-family a ``Histogram`` would (cumulative ``_bucket``, ``_count``, ``_sum``; the latest exemplar
-per bucket for OpenMetrics), built from the catalog spec.
+when it ends: a local tally (one bisect per gap, or per bucket edge over the sorted gaps), then
+one locked merge. It exposes the same family a ``Histogram`` would (cumulative ``_bucket``,
+``_count``, ``_sum``; the latest exemplar per bucket for OpenMetrics), built from the catalog spec.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from exporters.catalog.spec import MetricSpec
+
+_FEW = 8
+"""Up to this many values, bisect each; more are sorted first (a C call costs about as much as a bisect)."""
 
 
 class _Child:
@@ -40,9 +43,19 @@ class _Child:
         if not values:
             return
         bounds, tally = self._bounds, {}
-        for value in values:
-            index = bisect.bisect_left(bounds, value)
-            tally[index] = tally.get(index, 0) + 1
+        if len(values) <= _FEW:
+            for value in values:
+                index = bisect.bisect_left(bounds, value)
+                tally[index] = tally.get(index, 0) + 1
+        else:  # sorted once, then one bisect per bucket edge the values span (a stream's gaps span few)
+            ordered = sorted(values)
+            first, last = bisect.bisect_left(bounds, ordered[0]), bisect.bisect_left(bounds, ordered[-1])
+            below = 0  # values in the buckets before ``index``
+            for index in range(first, last):
+                upto = bisect.bisect_right(ordered, bounds[index])  # values <= this bucket's bound
+                if upto > below:
+                    tally[index], below = upto - below, upto
+            tally[last] = len(ordered) - below
         total = math.fsum(values)
         last = values[-1]
         marker = Exemplar(exemplar, last, time.time()) if exemplar else None
