@@ -7,6 +7,7 @@ milliseconds rounded to 0.1 ms, and no prompt, completion or header text. With
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -32,11 +33,17 @@ _LEVELS = {
 _MAX_ERROR_CHARS = 512
 
 
+@functools.lru_cache(maxsize=4)
+def _second_text(seconds: int) -> str:
+    """A whole second in ISO 8601 UTC: requests ending in the same second share it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+
+
 def format_ts(unix_s: float) -> str:
     """ISO 8601 UTC with milliseconds, e.g. ``2026-08-07T12:34:56.789Z``."""
     ms = round(unix_s * 1000)
     seconds, millis = divmod(ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    return f"{_second_text(seconds)}.{millis:03d}Z"
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -59,7 +66,7 @@ def event_from_record(
     appear on failures only (the message is cut to 512 characters). The prompt's hash and length
     appear only with ``capture_prompt_hash``.
     """
-    outcome = Outcome(record.outcome)
+    outcome = record.outcome if type(record.outcome) is Outcome else Outcome(record.outcome)
     e2e_s = record.e2e_s
     end = record.start_unix + (e2e_s or 0.0) if record.start_unix else time.time()
     event: dict[str, Any] = {
