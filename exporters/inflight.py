@@ -63,6 +63,10 @@ class InFlightTokens:
         """Forget a finished request."""
         self._table.pop(key, None)
 
+    def has_local(self) -> bool:
+        """Whether this process has a request in the table."""
+        return bool(self._table)
+
     def local_snapshot(self) -> list[InFlight]:
         """A copy of this process's entries, in start order."""
         out = []

@@ -56,6 +56,8 @@ RECORDS_PATH = "/_inferwatch/worker/records"
 FORWARDED_PATHS = ("/metrics", "/readyz")
 """A secondary's own endpoints that the primary answers (with ``/admin/*``)."""
 FLUSH_INTERVAL_S = 0.1
+IDLE_INTERVAL_S = 1.0
+"""With nothing to send, a secondary still asks the primary this often (which models are shed)."""
 MAX_BATCH = 512
 """Records per post; more wait for the next one (a burst is sent in several)."""
 MAX_PENDING = 65_536
@@ -106,6 +108,9 @@ class RecordForwarder:
         """Models the primary's rule engine sheds (its InferwatchCircuitBreakerDegrade alerts)."""
         self.dropped = 0
         self._session: aiohttp.ClientSession | None = None
+        self._failing = False
+        self._idle_sent = False
+        self._last_sent = float("-inf")
 
     def observe(self, record: RequestRecord, _span: Span) -> None:
         """The secondary's only observer: queue the record for the next batch."""
@@ -137,17 +142,27 @@ class RecordForwarder:
                     return False
                 answer = await response.json(loads=orjson.loads)
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            log.warning("worker_records_unsent", error=repr(err), worker=self._worker, pending=len(self._pending),
-                        dropped=self.dropped)
+            if not self._failing:  # once per outage, not every 0.1 s
+                log.warning("worker_records_unsent", error=repr(err), worker=self._worker,
+                            pending=len(self._pending), dropped=self.dropped)
+            self._failing = True
             return False
+        if self._failing:
+            log.info("worker_records_sent_again", worker=self._worker, dropped=self.dropped)
+            self._failing = False
         del self._pending[: len(batch)]
         self.degraded = frozenset(answer.get("degraded", ()))
+        self._idle_sent = not batch and not inflight
+        self._last_sent = time.monotonic()
         return True
 
     async def run(self) -> None:
-        """Flush every :data:`FLUSH_INTERVAL_S` (sooner while a burst is still queued)."""
+        """Flush every :data:`FLUSH_INTERVAL_S` (sooner while a burst is still queued; idle, every
+        :data:`IDLE_INTERVAL_S` for the shedding state)."""
         while True:
-            sent = await self.flush()
+            idle = (self._idle_sent and not self._pending and not self._inflight.has_local()
+                    and time.monotonic() - self._last_sent < IDLE_INTERVAL_S)
+            sent = False if idle else await self.flush()
             if not (sent and len(self._pending) >= MAX_BATCH):
                 await asyncio.sleep(FLUSH_INTERVAL_S)
 
