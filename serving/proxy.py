@@ -291,7 +291,7 @@ class Proxy:
             admission.check_shedding(outgoing.model, request.headers)
         except Refusal as refusal:
             return self._refuse(record, refusal, trace_headers)
-        if outgoing.payload is not None:  # OpenTelemetry's GenAI conventions, request side
+        if outgoing.payload is not None and span.is_recording():  # OpenTelemetry's GenAI conventions, request side
             span.set_attributes({
                 "gen_ai.operation.name": operation_name(record.route) or "text_completion",
                 "gen_ai.provider.name": "vllm", "gen_ai.request.model": outgoing.model or "",
@@ -608,16 +608,9 @@ class Proxy:
         body = error_body(message, kind, status, upstream=self._upstream, trace_id=record.trace_id)
         return web.Response(body=body, status=status, headers=headers, content_type="application/json")
 
-    def _finish(self, record: RequestRecord, span: Span) -> None:
-        """Derive the length bucket, run the observers (never let one fail the request), end the span."""
-        known = record.prompt_tokens
-        if known is None and record.stream and record.ttft_s is not None:
-            known = record.prompt_tokens_estimate  # a stream cut before its usage chunk: the bucket is coarse
-        record.length_bucket = length_bucket(known, self._edges)
-        if record.prompt_tokens and record.prompt_chars and not self._exact_usage:
-            self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
-        if record.model not in self._state.known_models and record.model != "unknown":
-            record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
+    @staticmethod
+    def _span_attributes(record: RequestRecord) -> dict[str, str | int | float | list[str]]:
+        """The span's attributes of a finished request: status, outcome, GenAI response and usage, engine."""
         attributes: dict[str, str | int | float | list[str]] = {
             "http.response.status_code": record.http_status, "inferwatch.outcome": record.outcome.value,
         }
@@ -633,8 +626,22 @@ class Proxy:
             attributes.update(engine_attributes(record.engine))
         if record.outcome.is_error:
             attributes["error.type"] = record.error_type or record.outcome.value
-            span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))
-        span.set_attributes(attributes)  # one lock, not one per attribute
+        return attributes
+
+    def _finish(self, record: RequestRecord, span: Span) -> None:
+        """Derive the length bucket, run the observers (never let one fail the request), end the span."""
+        known = record.prompt_tokens
+        if known is None and record.stream and record.ttft_s is not None:
+            known = record.prompt_tokens_estimate  # a stream cut before its usage chunk: the bucket is coarse
+        record.length_bucket = length_bucket(known, self._edges)
+        if record.prompt_tokens and record.prompt_chars and not self._exact_usage:
+            self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
+        if record.model not in self._state.known_models and record.model != "unknown":
+            record.model = "other"  # never a label value the upstream did not accept: bounded cardinality
+        if span.is_recording():  # not while no span processor would see it (see Tracing)
+            if record.outcome.is_error:
+                span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))
+            span.set_attributes(self._span_attributes(record))  # one lock, not one per attribute
         for observer in self._observers:
             try:
                 observer(record, span)
