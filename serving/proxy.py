@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
 from exporters.inflight import InFlightTokens, PromptSizeEstimator
-from exporters.records import Outcome, RequestRecord, length_bucket
+from exporters.records import Outcome, RequestRecord, length_bucket_labels
 from serving.admission import Admission, Refusal
 from serving.body_checks import BodyError, decode_json_object
 from serving.config import ServeConfig
@@ -240,6 +241,7 @@ class Proxy:
         address, port = upstream_address(self._upstream)
         self._server_attributes: dict[str, str | int] = {"server.address": address, "server.port": port}
         self._edges = tuple(config.length_bucket_edges)
+        self._bucket_labels = length_bucket_labels(self._edges)  # length_bucket's labels, made once
         self._timeout = aiohttp.ClientTimeout(  # sock_read: until the status line, and a whole body;
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
         )  # a stream's reads are watched by _StallWatch
@@ -633,7 +635,7 @@ class Proxy:
         known = record.prompt_tokens
         if known is None and record.stream and record.ttft_s is not None:
             known = record.prompt_tokens_estimate  # a stream cut before its usage chunk: the bucket is coarse
-        record.length_bucket = length_bucket(known, self._edges)
+        record.length_bucket = "unknown" if known is None else self._bucket_labels[bisect_left(self._edges, known)]
         if record.prompt_tokens and record.prompt_chars and not self._exact_usage:
             self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)
         if record.model not in self._state.known_models and record.model != "unknown":
