@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 
+from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -75,13 +76,20 @@ class Tracing:
         self.provider.sampler = self._sampler
         self.tracer = self.provider.get_tracer(INSTRUMENTATION_SCOPE)
 
-    def start_request_span(self, name: str, headers: Mapping[str, str], attributes: dict[str, str]) -> Span:
+    def start_request_span(
+        self, name: str, headers: CIMultiDictProxy[str] | CIMultiDict[str], attributes: dict[str, str]
+    ) -> Span:
         """Start a SERVER span that continues the incoming ``traceparent``, or a new trace when it is invalid.
+
+        ``headers`` are the request's (case-insensitive, as aiohttp gives them).
 
         While no span processor is configured the span does not record (``is_recording()`` is
         false: setting attributes on it does nothing); its ids and flags are the same.
         """
-        parent = _PROPAGATOR.extract(carrier={k.lower(): v for k, v in headers.items()})
+        if "traceparent" in headers:  # the propagator reads lower-case keys: copy the headers only then
+            parent = _PROPAGATOR.extract(carrier={k.lower(): v for k, v in headers.items()})
+        else:
+            parent = Context()  # what extract gives without a traceparent, without copying the headers
         self._sampler.sampled = False
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attributes)
         if self._sampler.sampled and not span.is_recording():  # dropped here, sampled by the real sampler
