@@ -109,13 +109,22 @@ class SseReader:
         # Event by event. What is forwarded is the read's complete part with a few events
         # replaced or removed: ``pieces`` gathers runs of unchanged events (slices of
         # ``buffer``) and the replacements, and stays empty while nothing changed.
+        # A mid-stream content event (one ``data: {...}`` line, a choice still running, no
+        # usage, no error) is counted without JSON; byte tests only, so a false "no" costs a
+        # parse, never correctness. Where they can, the tests are made once for the read:
+        # events before its first ``"usage"`` or ``"error"`` contain neither, and when it has
+        # no newline besides the separators', every event is one line.
+        complete = len(buffer) - len(self._buffer)
+        clean_until = min(_first(buffer, b'"usage"', complete), _first(buffer, b'"error"', complete))
+        one_line_each = buffer.count(b"\n", 0, complete) == 2 * len(events)
         pieces: list[bytes] = []
         start = pos = 0  # start of the run of unchanged events not yet in pieces; start of this event
         for body in events:
             end = pos + len(body) + 2
-            if body.startswith(b"data: {") and body.find(b"\n") < 0:
-                if stats.first_content_ns is not None and _is_plain_content(body):
-                    # a content chunk among others (first, last, usage) in this read: count it, no JSON
+            if body.startswith(b"data: {") and (one_line_each or body.find(b"\n") < 0):
+                if stats.first_content_ns is not None and _is_running(body) and (
+                        end <= clean_until or _no_usage_no_error(body)):
+                    # a content chunk among others (first, last, usage) in this read: count it
                     stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
                     stats.last_content_ns = now_ns
                     stats.content_events += 1
@@ -246,14 +255,21 @@ class SseReader:
         return raw
 
 
-def _is_plain_content(body: bytes) -> bool:
-    """Whether a ``data: {...}`` event is a mid-stream content chunk: a choice still running, no usage, no error.
+def _first(data: bytes, needle: bytes, end: int) -> int:
+    """Where ``needle`` first occurs in ``data[:end]``, or ``end``."""
+    found = data.find(needle, 0, end)
+    return end if found < 0 else found
 
-    Byte tests only (vLLM writes ``"finish_reason":null`` compactly; json.dumps writes it with a
-    space). A chunk that fails them is parsed, so a false "no" costs time, never correctness.
-    """
-    return ((body.find(_RUNNING) >= 0 or body.find(_RUNNING_SPACED) >= 0) and body.find(b'"usage"') < 0
-            and body.find(b'"error"') < 0)
+
+def _is_running(body: bytes) -> bool:
+    """Whether an event has a choice still running (vLLM writes ``"finish_reason":null`` compactly;
+    json.dumps writes it with a space)."""
+    return body.find(_RUNNING) >= 0 or body.find(_RUNNING_SPACED) >= 0
+
+
+def _no_usage_no_error(body: bytes) -> bool:
+    """Whether an event has neither a ``usage`` nor an ``error`` member (or text that looks like one)."""
+    return body.find(b'"usage"') < 0 and body.find(b'"error"') < 0
 
 
 def _without_usage(raw: bytes, obj: dict[str, Any]) -> bytes:
