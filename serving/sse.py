@@ -94,11 +94,7 @@ class SseReader:
                         and complete.count(_RUNNING) + complete.count(_RUNNING_SPACED) == events
                         and complete.find(b'"usage"') < 0 and complete.find(b'"error"') < 0):
                     self._buffer = buffer[end:]
-                    stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
-                    if events > 1:
-                        stats.gaps_s.extend(_ZEROS[: events - 1] if events <= len(_ZEROS) else [0.0] * (events - 1))
-                    stats.last_content_ns = now_ns
-                    stats.content_events += events
+                    self._count_content(events, now_ns)
                     return complete
         events = buffer.split(b"\n\n")
         self._buffer = events.pop()
@@ -119,22 +115,22 @@ class SseReader:
         one_line_each = buffer.count(b"\n", 0, complete) == 2 * len(events)
         pieces: list[bytes] = []
         start = pos = 0  # start of the run of unchanged events not yet in pieces; start of this event
+        counted = 0  # content events met and not yet added to the stats (all arrived at now_ns)
         for body in events:
             end = pos + len(body) + 2
+            payload: bytes | None = None  # the JSON of a one-line data event
             if body.startswith(b"data: {") and (one_line_each or body.find(b"\n") < 0):
                 if stats.first_content_ns is not None and _is_running(body) and (
                         end <= clean_until or _no_usage_no_error(body)):
-                    # a content chunk among others (first, last, usage) in this read: count it
-                    stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
-                    stats.last_content_ns = now_ns
-                    stats.content_events += 1
+                    counted += 1  # a content chunk among others (first, last, usage) in this read
                     pos = end
                     continue
-                raw = buffer[pos:end]
-                forwarded = self._json_event(raw, body[6:], now_ns)
-            else:
-                raw = buffer[pos:end]
-                forwarded = self._event(raw, body, now_ns)
+                payload = body[6:]
+            if counted:  # the stats up to date before an event that reads them
+                self._count_content(counted, now_ns)
+                counted = 0
+            raw = buffer[pos:end]
+            forwarded = self._event(raw, body, now_ns) if payload is None else self._json_event(raw, payload, now_ns)
             if stats.problem is not None:
                 pieces.append(buffer[start:pos])  # forward what came before the bad event, nothing after
                 return b"".join(pieces)
@@ -143,10 +139,21 @@ class SseReader:
                 pieces.append(forwarded)
                 start = end
             pos = end
+        if counted:
+            self._count_content(counted, now_ns)
         if not pieces:
             return buffer[:pos]
         pieces.append(buffer[start:pos])
         return b"".join(pieces)
+
+    def _count_content(self, events: int, now_ns: int) -> None:
+        """Count ``events`` mid-stream content events that arrived together at ``now_ns``: 0 s apart after the first."""
+        stats = self.stats
+        stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
+        if events > 1:
+            stats.gaps_s.extend(_ZEROS[: events - 1] if events <= len(_ZEROS) else [0.0] * (events - 1))
+        stats.last_content_ns = now_ns
+        stats.content_events += events
 
     def _check_size(self, complete: list[bytes]) -> None:
         """Flag an event (complete, or still unterminated in the buffer) larger than ``max_event_bytes``."""
