@@ -172,8 +172,7 @@ class _StallWatch:
         left_ns = self.last_read_ns + self._timeout_ns - time.perf_counter_ns()
         if left_ns > 0:
             self._handle = self._loop.call_later(left_ns / 1e9, self._check)
-        elif content.total_bytes != self.bytes_read:  # data waits for the loop: the upstream is not silent
-            self.last_read_ns, self.bytes_read = time.perf_counter_ns(), content.total_bytes
+        elif content.total_bytes != self.bytes_read:  # data waits for the loop (busy writing): not silent
             self._handle = self._loop.call_later(self._timeout_s, self._check)
         else:
             content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
