@@ -14,8 +14,13 @@ Two ways to know a request's size while it runs:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from exporters.catalog.request import REQUESTS_IN_FLIGHT
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +128,60 @@ class PromptSizeEstimator:
                 self._ratio[model] = ratio
             return
         self._ratio[model] = current + self._weight * (ratio - current)
+
+
+class InFlightRequests:
+    """Requests being proxied right now, by model and route: ``inferwatch_requests_in_flight`` at scrape time.
+
+    The proxy adds a request once its model is known and removes it when it ends (a dict update
+    each). With ``serve --workers`` the primary also holds the other processes' counts
+    (:meth:`set_remote`), summed in.
+    """
+
+    def __init__(self) -> None:
+        self._local: dict[tuple[str, str], int] = {}
+        self._remote: dict[str, tuple[float, list[tuple[str, str, int]]]] = {}
+
+    def precreate(self, key: tuple[str, str]) -> None:
+        """Show ``(model, route)`` at zero before its first request."""
+        self._local.setdefault(key, 0)
+
+    def add(self, key: tuple[str, str]) -> None:
+        """One more request of ``(model, route)``."""
+        self._local[key] = self._local.get(key, 0) + 1
+
+    def remove(self, key: tuple[str, str]) -> None:
+        """One request of ``(model, route)`` ended."""
+        self._local[key] -= 1
+
+    def any_local(self) -> bool:
+        """Whether this process is proxying a request now."""
+        return any(self._local.values())
+
+    def local_counts(self) -> list[tuple[str, str, int]]:
+        """This process's ``(model, route, requests)``, zero counts included (the series stays)."""
+        return [(model, route, count) for (model, route), count in list(self._local.items())]
+
+    def set_remote(self, source: str, counts: list[tuple[str, str, int]], *, ttl_s: float) -> None:
+        """Replace another process's counts; they count for ``ttl_s`` unless replaced again."""
+        self._remote[source] = (time.monotonic() + ttl_s, counts)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Every process's requests in flight, by ``(model, route)``."""
+        total = dict(self._local)
+        now = time.monotonic()
+        for source, (expires, counts) in list(self._remote.items()):
+            if expires < now:
+                self._remote.pop(source, None)
+                continue
+            for model, route, count in counts:
+                total[model, route] = total.get((model, route), 0) + count
+        return total
+
+    def collect(self) -> Iterator[Metric]:
+        """The ``inferwatch_requests_in_flight`` family (a registry collector)."""
+        spec = REQUESTS_IN_FLIGHT
+        family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+        for (model, route), count in sorted(self.counts().items()):
+            family.add_metric([model, route], count)
+        yield family

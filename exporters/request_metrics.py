@@ -25,10 +25,6 @@ class RequestMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = _counter(cat.REQUESTS, registry)
-        self.in_flight = Gauge(
-            cat.REQUESTS_IN_FLIGHT.name, cat.REQUESTS_IN_FLIGHT.help, cat.REQUESTS_IN_FLIGHT.labels,
-            registry=registry,
-        )
         self.accept = _histogram(cat.UPSTREAM_ACCEPT_SECONDS, registry)
         self.ttft = _histogram(cat.TIME_TO_FIRST_TOKEN_SECONDS, registry)
         self.itl = BatchHistogram(cat.INTER_TOKEN_LATENCY_SECONDS, registry)  # one merge per request, not per gap

@@ -18,7 +18,7 @@ from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
 from exporters.cold_start import ColdStartTracker
 from exporters.genai_metrics import GenAiServerMetrics
-from exporters.inflight import InFlightTokens
+from exporters.inflight import InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
 from log_pipeline.records import event_from_record
@@ -32,7 +32,7 @@ from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.otlp_logs import otlp_shipper
-from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, upstream_address
+from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.signing import SignatureVerifier, load_key
 from serving.tracing import Tracing
@@ -54,6 +54,7 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 TRACING = web.AppKey("tracing", Tracing)
 INFLIGHT = web.AppKey("inflight", InFlightTokens)
+IN_FLIGHT_REQUESTS = web.AppKey("in_flight_requests", InFlightRequests)
 METRICS = web.AppKey("request_metrics", RequestMetrics)
 READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
@@ -88,6 +89,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app[REGISTRY] = registry
     app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
     app[INFLIGHT] = InFlightTokens()
+    app[IN_FLIGHT_REQUESTS] = InFlightRequests()
+    registry.register(app[IN_FLIGHT_REQUESTS])
     metrics = RequestMetrics(registry)
     app[METRICS] = metrics
 
@@ -177,7 +180,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
             else:
                 engine_stats.finish(record, lambda: run_observers(observers, record, span))
 
-        intake = RecordIntake(finish_remote, app[INFLIGHT], degraded_models, registry)
+        intake = RecordIntake(finish_remote, app[INFLIGHT], app[IN_FLIGHT_REQUESTS], degraded_models, registry)
         app.router.add_post(RECORDS_PATH, intake.handle)
     app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
     return app
@@ -194,7 +197,8 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     app[SETTINGS] = settings
     app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
     app[INFLIGHT] = InFlightTokens()
-    forwarder = RecordForwarder(primary_socket, worker, app[INFLIGHT])
+    app[IN_FLIGHT_REQUESTS] = InFlightRequests()
+    forwarder = RecordForwarder(primary_socket, worker, app[INFLIGHT], app[IN_FLIGHT_REQUESTS])
     # vLLM's numbers are joined in the primary: here the request only carries the id they are found by
     hook = (lambda _record, finish: finish()) if settings.serve.engine_stats_listen else None
     proxy = app[PROXY] = _proxy(app, settings, [forwarder.observe], lambda: forwarder.degraded,
@@ -237,18 +241,9 @@ def _proxy(
     def session() -> aiohttp.ClientSession:
         return app[SESSION]
 
-    return Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission,
+    return Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission, in_flight=app[IN_FLIGHT_REQUESTS],
                  capture_prompt_hash=settings.logs.capture_prompt_hash, on_normalized=on_normalized,
                  finish_with_engine_stats=finish_with_engine_stats)
-
-
-def run_observers(observers: list[Observer], record: RequestRecord, span: Span) -> None:
-    """Run each observer on a finished request; one that fails is logged, never raised."""
-    for observer in observers:
-        try:
-            observer(record, span)
-        except Exception:  # an observer must never break the request path
-            log.exception("request_observer_failed", observer=getattr(observer, "__name__", repr(observer)))
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
@@ -281,7 +276,7 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
     settings, readiness, metrics = app[SETTINGS], app[READINESS], app[METRICS]
     gauge = metrics.upstream_ready.labels(settings.serve.upstream)
     for route in sorted(GENERATION_ROUTES):
-        metrics.in_flight.labels("unknown", route)
+        app[IN_FLIGHT_REQUESTS].precreate(("unknown", route))
 
     proxy = app[PROXY]
     learned = False
@@ -298,6 +293,7 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
                 for name in names:
                     for route in sorted(GENERATION_ROUTES):
                         metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges))
+                        app[IN_FLIGHT_REQUESTS].precreate((name, route))
 
     scheduler = AsyncIOScheduler()
     scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,

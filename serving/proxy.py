@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 
 from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
-from exporters.inflight import InFlightTokens, PromptSizeEstimator
+from exporters.inflight import InFlightRequests, InFlightTokens, PromptSizeEstimator
 from exporters.records import Outcome, RequestRecord, length_bucket_labels
 from serving.admission import Admission, Refusal
 from serving.body_checks import BodyError, decode_json_object
@@ -71,6 +71,15 @@ def engine_attributes(engine: EngineRequestStats) -> dict[str, float | int]:
         "inferwatch.engine.cached_tokens": engine.cached_tokens,
     }
 """Called once per request, after it ended and before its span ends (metrics, logs, health)."""
+
+
+def run_observers(observers: list[Observer], record: RequestRecord, span: Span) -> None:
+    """Run each observer on a finished request; one that fails is logged, never raised."""
+    for observer in observers:
+        try:
+            observer(record, span)
+        except Exception:  # an observer must never break the request path
+            log.exception("request_observer_failed", observer=getattr(observer, "__name__", repr(observer)))
 
 
 def classify_status(status: int) -> Outcome:
@@ -223,8 +232,10 @@ class Proxy:
         capture_prompt_hash: bool = False,
         on_normalized: Callable[[], None] | None = None,
         finish_with_engine_stats: FinishHook | None = None,
+        in_flight: InFlightRequests | None = None,
     ) -> None:
         self._config = config
+        self._in_flight = in_flight if in_flight is not None else InFlightRequests()
         self._finish_with_engine_stats = finish_with_engine_stats
         self._session = session
         self._tracing = tracing
@@ -307,9 +318,12 @@ class Proxy:
                     self._inflight.track(record.span_id, outgoing.model, record.prompt_tokens_estimate)
             elif not outgoing.stream:
                 tokenizing = asyncio.create_task(self._count_prompt(outgoing.payload, record))
+        in_flight_key = (self._in_flight_label(outgoing.model), record.route)
+        self._in_flight.add(in_flight_key)  # inferwatch_requests_in_flight, read at scrape time
         try:
             return await self._send(request, record, span, start_ns, outgoing, trace_headers)
         finally:
+            self._in_flight.remove(in_flight_key)
             if tokenizing is not None and not tokenizing.done():
                 tokenizing.cancel()
             if record.error_message:
@@ -577,6 +591,12 @@ class Proxy:
             if len(self._state.known_models) < MAX_MODEL_LABELS:
                 self._state.known_models.add(name)
 
+    def _in_flight_label(self, requested: str | None) -> str:
+        """A request's model label before the upstream answered: a known model, else unknown or other."""
+        if requested is None:
+            return "unknown"
+        return requested if requested in self._state.known_models else "other"
+
     def _model_label(self, requested: str | None, status: int) -> str:
         """The model label: the requested model once the upstream accepted it, else a bounded fallback."""
         if requested is None:
@@ -643,9 +663,5 @@ class Proxy:
             if record.outcome.is_error:
                 span.set_status(Status(StatusCode.ERROR, record.error_type or record.outcome.value))
             span.set_attributes(self._span_attributes(record))  # one lock, not one per attribute
-        for observer in self._observers:
-            try:
-                observer(record, span)
-            except Exception:  # an observer must never break the request path
-                log.exception("request_observer_failed", observer=getattr(observer, "__name__", repr(observer)))
+        run_observers(self._observers, record, span)
         span.end()

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from exporters.catalog import request as cat
 from exporters.errors import ConfigError
-from exporters.inflight import InFlight, InFlightTokens
+from exporters.inflight import InFlight, InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 
 log = structlog.get_logger(__name__)
@@ -99,10 +99,11 @@ def from_unix_socket(request: web.Request) -> bool:
 class RecordForwarder:
     """Collects a secondary's finished records and posts them to the primary, with its in-flight table."""
 
-    def __init__(self, socket_path: str, worker: int, inflight: InFlightTokens) -> None:
+    def __init__(self, socket_path: str, worker: int, inflight: InFlightTokens, requests: InFlightRequests) -> None:
         self._socket_path = socket_path
         self._worker = worker
         self._inflight = inflight
+        self._requests = requests
         self._pending: list[RequestRecord] = []
         self.degraded: frozenset[str] = frozenset()
         """Models the primary's rule engine sheds (its InferwatchCircuitBreakerDegrade alerts)."""
@@ -124,7 +125,8 @@ class RecordForwarder:
         """Post one batch (and the in-flight table); False when the primary did not take it."""
         batch = self._pending[:MAX_BATCH]
         inflight = [[e.model, e.tokens, e.started_ns] for e in self._inflight.local_snapshot()]
-        body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight})
+        body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight,
+                             "in_flight_requests": self._requests.local_counts()})
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
         try:
@@ -152,7 +154,7 @@ class RecordForwarder:
             self._failing = False
         del self._pending[: len(batch)]
         self.degraded = frozenset(answer.get("degraded", ()))
-        self._idle_sent = not batch and not inflight
+        self._idle_sent = not batch and not inflight and not self._requests.any_local()
         self._last_sent = time.monotonic()
         return True
 
@@ -161,6 +163,7 @@ class RecordForwarder:
         :data:`IDLE_INTERVAL_S` for the shedding state)."""
         while True:
             idle = (self._idle_sent and not self._pending and not self._inflight.has_local()
+                    and not self._requests.any_local()
                     and time.monotonic() - self._last_sent < IDLE_INTERVAL_S)
             sent = False if idle else await self.flush()
             if not (sent and len(self._pending) >= MAX_BATCH):
@@ -232,11 +235,13 @@ class RecordIntake:
         self,
         finish: Callable[[RequestRecord, Span], None],
         inflight: InFlightTokens,
+        requests: InFlightRequests,
         degraded: Callable[[], frozenset[str]],
         registry: CollectorRegistry,
     ) -> None:
         self._finish = finish
         self._inflight = inflight
+        self._requests = requests
         self._degraded = degraded
         spec = cat.WORKER_RECORDS
         self.received = Counter(spec.name, spec.help, spec.labels, registry=registry)
@@ -250,9 +255,11 @@ class RecordIntake:
             worker = int(batch["worker"])
             records = [record_from_wire(item) for item in batch["records"]]
             remote = [InFlight(str(m), int(t), int(s)) for m, t, s in batch.get("inflight", [])]
+            counts = [(str(m), str(r), int(n)) for m, r, n in batch.get("in_flight_requests", [])]
         except (ValueError, KeyError, TypeError) as err:
             return web.json_response({"error": f"malformed worker batch: {err}"}, status=400)
         self._inflight.set_remote(f"worker-{worker}", remote, ttl_s=REMOTE_INFLIGHT_TTL_S)
+        self._requests.set_remote(f"worker-{worker}", counts, ttl_s=REMOTE_INFLIGHT_TTL_S)
         for record in records:
             self._finish(record, INVALID_SPAN)
         self.received.labels(str(worker)).inc(len(records))

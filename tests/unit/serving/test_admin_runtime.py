@@ -11,9 +11,9 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from serving import config as cfg
-from serving.app import build_app
+from serving.app import PROXY, build_app
 from tests.fakes.faulty_upstream import FaultyUpstream, ThreadedServer
-from tests.unit.serving.inprocess import READ_TIMEOUT_S, open_fds, send, start_sidecar
+from tests.unit.serving.inprocess import READ_TIMEOUT_S, open_fds, send, start_sidecar, wait_for
 
 FIELDS = {"asyncio_tasks", "open_fds", "rss_bytes", "active_requests"}
 
@@ -70,3 +70,27 @@ async def test_runtime_is_guarded_like_every_admin_endpoint() -> None:
         return web.Response(text="reached")
 
     assert (await guard(remote, handler)).status == 403
+
+
+async def test_requests_in_flight_gauge_follows_a_request(upstream: ThreadedServer, tmp_path: Path) -> None:
+    """inferwatch_requests_in_flight reads 1 for the model and route while a request waits upstream, 0 after."""
+    sidecar, runner = await start_sidecar(upstream.url, tmp_path / "logs")
+    proxy = sidecar.app[PROXY]
+    proxy.learn_models(["fake-model"])
+    labels = {"model_name": "fake-model", "route": "/v1/completions"}
+
+    def gauge() -> float | None:
+        return sidecar.registry.get_sample_value("inferwatch_requests_in_flight", labels)
+
+    try:
+        assert not gauge()  # absent, or zero once the upstream's models were read
+        silent = asyncio.create_task(send(sidecar, "silent_before_status", stream=False))
+        assert await wait_for(lambda: gauge() == 1.0, READ_TIMEOUT_S)
+        assert (await silent).status == 504
+        assert gauge() == 0.0
+        other = {"model_name": "other", "route": "/v1/completions"}  # a model the upstream never named
+        await send(sidecar, None, stream=True, model="not-served")
+        assert sidecar.registry.get_sample_value("inferwatch_requests_in_flight", other) == 0.0
+    finally:
+        await sidecar.session.close()
+        await runner.cleanup()

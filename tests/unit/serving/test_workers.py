@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
-from exporters.inflight import InFlight, InFlightTokens
+from exporters.inflight import InFlight, InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from serving.commands import serve
 from serving.config import settings_from_args
@@ -70,9 +70,11 @@ class _Primary:
         self.path = path
         self.finished: list[RequestRecord] = []
         self.inflight = InFlightTokens()
+        self.requests = InFlightRequests()
         self.registry = CollectorRegistry()
+        self.registry.register(self.requests)
         self.intake = RecordIntake(lambda record, _span: self.finished.append(record), self.inflight,
-                                   lambda: frozenset({"shed-me"}), self.registry)
+                                   self.requests, lambda: frozenset({"shed-me"}), self.registry)
         app = web.Application()
         app.router.add_post(RECORDS_PATH, self.intake.handle)
         self.runner = web.AppRunner(app)
@@ -93,20 +95,25 @@ async def test_records_and_in_flight_table_reach_the_primary(primary: _Primary) 
     await primary.start()
     inflight = InFlightTokens()
     inflight.track("live", "m", 42)
-    forwarder = RecordForwarder(primary.path, 3, inflight)
+    requests = InFlightRequests()
+    requests.add(("m", "/v1/completions"))
+    forwarder = RecordForwarder(primary.path, 3, inflight, requests)
     span: Span = None  # type: ignore[assignment]
     for i in range(3):
         forwarder.observe(_record(i), span)
     assert await forwarder.flush()
     assert primary.finished == [_record(i) for i in range(3)]
     assert [e.tokens for e in primary.inflight.snapshot()] == [42]
+    primary.requests.add(("m", "/v1/completions"))  # one of the primary's own
+    assert primary.registry.get_sample_value(
+        "inferwatch_requests_in_flight", {"model_name": "m", "route": "/v1/completions"}) == 2
     assert forwarder.degraded == frozenset({"shed-me"})
     assert primary.registry.get_sample_value("inferwatch_worker_records_total", {"worker": "3"}) == 3
     await forwarder.close()
 
 
 async def test_records_wait_while_the_primary_is_away(primary: _Primary) -> None:
-    forwarder = RecordForwarder(primary.path, 1, InFlightTokens())
+    forwarder = RecordForwarder(primary.path, 1, InFlightTokens(), InFlightRequests())
     forwarder.observe(_record(7), None)  # type: ignore[arg-type]
     assert not await forwarder.flush()  # nothing listens yet: kept, not lost
     await primary.start()
@@ -119,7 +126,7 @@ async def test_the_intake_refuses_tcp_and_malformed_batches(primary: _Primary) -
         response = await client.post(RECORDS_PATH, data=orjson.dumps({"worker": 1, "records": []}))
         assert response.status == 404  # only the private Unix socket takes records
     await primary.start()
-    forwarder = RecordForwarder(primary.path, 1, InFlightTokens())
+    forwarder = RecordForwarder(primary.path, 1, InFlightTokens(), InFlightRequests())
     forwarder.observe({"not": "a record"}, None)  # type: ignore[arg-type]
     assert not await forwarder.flush()
     assert primary.finished == []
