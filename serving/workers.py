@@ -25,6 +25,7 @@ the log record but not its span (the span ended in the secondary before the join
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
 import signal
@@ -340,6 +341,7 @@ async def serve_until_signal(
     """
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=shutdown_timeout_s, **server_options)
     await runner.setup()
+    gc.freeze()  # what start-up made lives as long as the process: keep it out of every later collection
     watching = None
     try:
         try:
