@@ -104,6 +104,9 @@ def ttft_spread(ttfts: Sequence[float], window: int) -> Spread | None:
     return Spread(median, max(abs(t - median) for t in last))
 
 
+PROBE_TIMEOUT_S = 5.0
+
+
 async def wait_healthy(
     session: aiohttp.ClientSession, url: str, *, deadline: float, poll_s: float, clock: Clock, sleep: Sleep
 ) -> tuple[bool, str]:
@@ -113,14 +116,16 @@ async def wait_healthy(
         remaining = deadline - clock()
         if remaining <= 0:
             return False, last
+        timeout_s = min(PROBE_TIMEOUT_S, remaining)
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=min(5.0, remaining))) as response:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 await response.read()
                 if response.status == 200:
                     return True, "200"
                 last = f"status {response.status}"
         except TimeoutError:
-            last = "timed out"
+            if timeout_s == PROBE_TIMEOUT_S or last == "no answer yet":  # a probe cut short by the deadline
+                last = "timed out"  # would hide the answer seen before it
         except (aiohttp.ClientError, OSError) as err:
             last = f"{type(err).__name__}: {err}"
         await sleep(max(0.0, min(poll_s, deadline - clock())))

@@ -8,7 +8,9 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
@@ -23,7 +25,7 @@ from serving.loadtest.run import run_load
 from serving.loadtest.spec import LoadSpec, endpoint
 from serving.loadtest.stats import Distribution, percentile, summarize
 from serving.loadtest.table import format_report
-from serving.loadtest.warmup import WarmupSpec, ttft_spread, warm_up
+from serving.loadtest.warmup import WarmupSpec, ttft_spread, wait_healthy, warm_up
 from tests.fakes.openai_upstream import PROMPT_TOKENS, FakeOpenAI
 
 Servers = Callable[..., Awaitable[TestServer]]
@@ -437,3 +439,31 @@ class TestCli:
         assert format_progress(Progress(1.2, 40, 1, 3, 19.5, 100, None)).startswith("loadtest: 40/100 done, 19.5")
         assert "12.0/30 s, 40 done" in format_progress(Progress(12.0, 40, 0, 3, 3.0, None, 30.0))
 
+
+
+async def test_a_probe_cut_short_by_the_deadline_keeps_the_answer_seen_before(
+    aiohttp_server: Callable[[web.Application], Awaitable[TestServer]],
+) -> None:
+    """The last probe only gets what is left of the deadline; its time-out must not hide the 503 before it
+    (CI once reported "last: timed out" for a server that answered 503 all along)."""
+    probes = 0
+
+    async def health(_request: web.Request) -> web.Response:
+        nonlocal probes
+        probes += 1
+        if probes > 1:
+            await asyncio.sleep(2.0)  # longer than the 0.2 s left to the second probe
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    server = await aiohttp_server(app)
+    times = iter([0.0, 0.0, 1.8, 1.8, 2.5])  # the clock at each of wait_healthy's reads
+
+    async def no_sleep(_seconds: float) -> None:
+        return None
+
+    async with aiohttp.ClientSession() as session:
+        ok, last = await wait_healthy(session, str(server.make_url("/health")), deadline=2.0, poll_s=0.02,
+                                      clock=lambda: next(times), sleep=no_sleep)
+    assert (ok, last, probes) == (False, "status 503", 2)
