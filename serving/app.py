@@ -206,7 +206,7 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
 
     async def learn_models(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(_learn_models_until_known(app[SESSION], settings, proxy))
-        parent = asyncio.create_task(watch_parent(parent_pid))
+        parent = asyncio.create_task(watch_parent(parent_pid, primary_socket))
         yield
         for running in (task, parent):
             running.cancel()

@@ -25,6 +25,7 @@ the log record but not its span (the span ended in the secondary before the join
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 import os
@@ -218,11 +219,16 @@ def forward_to_primary(socket_path: str) -> Callable[[web.Request], Any]:
     return handle
 
 
-async def watch_parent(parent_pid: int) -> None:
-    """Stop this secondary when the primary that started it is gone (it would be an orphan)."""
+async def watch_parent(parent_pid: int, socket_path: str) -> None:
+    """Stop this secondary when the primary that started it is gone (it would be an orphan), and remove
+    the socket the primary could not (it was killed)."""
     while os.getppid() == parent_pid:
         await asyncio.sleep(1.0)
     log.warning("worker_primary_gone", parent=parent_pid)
+    socket = Path(socket_path)
+    socket.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # another secondary may have been first, or the directory is not empty
+        socket.parent.rmdir()
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -207,8 +207,10 @@ def test_killed_primary_takes_its_secondary_down(vllm_server: servers.VllmServer
     ))
     try:
         secondary = _wait_for_secondary(sidecar)
+        socket_dir = Path(secondary.cmdline()[secondary.cmdline().index("--worker-of") + 1]).parent
         os.kill(sidecar.process.pid, signal.SIGKILL)
         gone = psutil.wait_procs([secondary], timeout=10)[0]
         assert gone, "the secondary outlived its primary by 10 s"
+        assert not socket_dir.exists()  # the primary could not remove its socket: the secondary did
     finally:
         sidecar.stop()
