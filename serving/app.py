@@ -39,9 +39,9 @@ from serving.tracing import Tracing
 from serving.workers import (
     FORWARDED_PATHS,
     RECORDS_PATH,
+    PrimaryForwarder,
     RecordForwarder,
     RecordIntake,
-    forward_to_primary,
     forwarder_ctx,
     shares,
     watch_parent,
@@ -204,7 +204,7 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     proxy = app[PROXY] = _proxy(app, settings, [forwarder.observe], lambda: forwarder.degraded,
                                 on_normalized=None, finish_with_engine_stats=hook)
 
-    async def learn_models(app: web.Application) -> AsyncIterator[None]:
+    async def background(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(_learn_models_until_known(app[SESSION], settings, proxy))
         parent = asyncio.create_task(watch_parent(parent_pid, primary_socket))
         yield
@@ -213,9 +213,11 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
 
     app.cleanup_ctx.append(_client_session)
     app.cleanup_ctx.append(forwarder_ctx(forwarder))
-    app.cleanup_ctx.append(learn_models)
+    app.cleanup_ctx.append(background)
     app.on_cleanup.append(_shutdown_tracing)
-    forward = forward_to_primary(primary_socket)
+    primary = PrimaryForwarder(primary_socket)
+    app.on_cleanup.append(primary.close)
+    forward = primary.handle
     for path in FORWARDED_PATHS:
         app.router.add_get(path, forward)
     app.router.add_get("/healthz", healthz)

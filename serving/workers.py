@@ -14,7 +14,7 @@ processes' requests and every latency keeps its trace-id exemplar; one archive w
 batches also carry the secondary's in-flight table (the KV-fragmentation estimate sees every
 request) and their answer brings back which models are being shed (``serve.shed_on_degrade``).
 ``/metrics``, ``/readyz`` and ``/admin/*`` reaching a secondary are answered by the primary
-(:func:`forward_to_primary`), so every connection sees the same view.
+(:class:`PrimaryForwarder`), so every connection sees the same view.
 
 Limits: ``serve.max_inflight`` is shared out, each process admitting its part; a record still
 batched in a secondary that is killed (not stopped) is lost, as is any request in flight there.
@@ -197,17 +197,20 @@ def forwarder_ctx(forwarder: RecordForwarder) -> Callable[[web.Application], Asy
     return ctx
 
 
-def forward_to_primary(socket_path: str) -> Callable[[web.Request], Any]:
-    """A handler answering a request with the primary's answer to it (``/metrics``, ``/readyz``, admin)."""
-    sessions: list[aiohttp.ClientSession] = []
+class PrimaryForwarder:
+    """Answers a secondary's request with the primary's answer to it (``/metrics``, ``/readyz``, admin)."""
 
-    async def handle(request: web.Request) -> web.Response:
-        if not sessions:
-            sessions.append(aiohttp.ClientSession(connector=aiohttp.UnixConnector(socket_path)))
+    def __init__(self, socket_path: str) -> None:
+        self._socket_path = socket_path
+        self._session: aiohttp.ClientSession | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("accept", "authorization")}
         try:
-            async with sessions[0].get(f"http://primary{request.path_qs}", headers=headers,
-                                       timeout=aiohttp.ClientTimeout(total=10)) as answer:
+            async with self._session.get(f"http://primary{request.path_qs}", headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=10)) as answer:
                 body = await answer.read()
                 kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "cache-control")}
                 return web.Response(body=body, status=answer.status, headers=kept)
@@ -216,7 +219,10 @@ def forward_to_primary(socket_path: str) -> Callable[[web.Request], Any]:
             return web.json_response({"error": {"message": "the primary sidecar process does not answer",
                                                 "type": "primary_unreachable"}}, status=503)
 
-    return handle
+    async def close(self, _app: web.Application | None = None) -> None:
+        """Close the client (an ``on_cleanup`` callback)."""
+        if self._session is not None:
+            await self._session.close()
 
 
 async def watch_parent(parent_pid: int, socket_path: str) -> None:
