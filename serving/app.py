@@ -243,9 +243,15 @@ def _proxy(
     def session() -> aiohttp.ClientSession:
         return app[SESSION]
 
-    return Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission, in_flight=app[IN_FLIGHT_REQUESTS],
-                 capture_prompt_hash=settings.logs.capture_prompt_hash, on_normalized=on_normalized,
-                 finish_with_engine_stats=finish_with_engine_stats)
+    proxy = Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission,
+                  in_flight=app[IN_FLIGHT_REQUESTS], capture_prompt_hash=settings.logs.capture_prompt_hash,
+                  on_normalized=on_normalized, finish_with_engine_stats=finish_with_engine_stats)
+
+    async def close_upstream_connections(_app: web.Application) -> None:
+        proxy.upstream_pool.close()
+
+    app.on_cleanup.append(close_upstream_connections)
+    return proxy
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

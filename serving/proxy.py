@@ -28,6 +28,14 @@ from serving.errors import error_body, sse_error_event, upstream_error_body
 from serving.sse import SseReader
 from serving.tracing import Tracing, span_id_hex, trace_id_hex
 from serving.unicode_nfc import normalize_prompt_text
+from serving.upstream_http import (
+    ConnectTimeoutError,
+    DisconnectedError,
+    ReadTimeoutError,
+    UnreachableError,
+    UpstreamConnection,
+    UpstreamPool,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -147,44 +155,39 @@ def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
 class _StallWatch:
     """``serve.read_timeout_s`` between the reads of a stream, on one timer instead of one per read.
 
-    aiohttp's ``sock_read`` timeout cancels and re-arms a timer on every read from the socket,
-    which costs more than the proxy's own work on a chunk (about 3 µs with uvloop on the 2-core
-    machine). Here the stream loop only notes when it last got data and how many bytes had come
-    by then; one timer, re-armed only when it fires, ends the stream when the upstream has sent
-    nothing for that long: the reader gets aiohttp's own ``SocketTimeoutError``, as from
-    ``sock_read``. Bytes that came while the loop was busy writing to the client count as the
-    upstream speaking, so a slow client is never taken for a silent upstream.
+    A timer per read (cancelled and re-armed each time) costs more than the proxy's own work on a
+    chunk (about 3 µs with uvloop on the 2-core machine). Here the stream loop only notes when it
+    last got data and how many bytes the connection had received by then; one timer, re-armed
+    only when it fires, ends the stream with :class:`ReadTimeoutError` when the upstream has sent
+    nothing for that long. Bytes that came while the loop was busy writing to the client count as
+    the upstream speaking, so a slow client is never taken for a silent upstream.
     """
 
-    __slots__ = ("_content", "_handle", "_loop", "_timeout_ns", "_timeout_s", "bytes_read", "last_read_ns")
+    __slots__ = ("_handle", "_loop", "_timeout_ns", "_timeout_s", "_upstream", "bytes_read", "last_read_ns")
 
-    def __init__(self, upstream: aiohttp.ClientResponse, timeout_s: float) -> None:
-        self._content = upstream.content
+    def __init__(self, upstream: UpstreamConnection, timeout_s: float) -> None:
+        self._upstream = upstream
         self.last_read_ns = time.perf_counter_ns()
         """When the stream loop last got data (perf_counter_ns)."""
-        self.bytes_read = self._content.total_bytes
-        """The stream's bytes received by then (the loop takes everything buffered at each read)."""
+        self.bytes_read = upstream.bytes_received
+        """The connection's bytes received by then (the loop takes everything buffered at each read)."""
         self._timeout_s = timeout_s
         self._timeout_ns = int(timeout_s * 1e9)
-        connection = upstream.connection
-        if connection is not None and connection.protocol is not None:
-            # aiohttp's own timer, armed at the last read, goes at the next one and is not re-armed
-            connection.protocol.read_timeout = None
         self._loop = asyncio.get_running_loop()
         self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout_s, self._check)
 
     def _check(self) -> None:
-        content = self._content
+        upstream = self._upstream
         self._handle = None
-        if content.is_eof() or content.exception() is not None:
+        if upstream.finished:
             return
         left_ns = self.last_read_ns + self._timeout_ns - time.perf_counter_ns()
         if left_ns > 0:
             self._handle = self._loop.call_later(left_ns / 1e9, self._check)
-        elif content.total_bytes != self.bytes_read:  # data waits for the loop (busy writing): not silent
+        elif upstream.bytes_received != self.bytes_read:  # data waits for the loop (busy writing): not silent
             self._handle = self._loop.call_later(self._timeout_s, self._check)
         else:
-            content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+            upstream.abort(ReadTimeoutError(f"silent for {self._timeout_s:g} s in the middle of the stream"))
 
     def stop(self) -> None:
         """Drop the timer (the stream ended)."""
@@ -248,13 +251,14 @@ class Proxy:
         self._capture_prompt_hash = capture_prompt_hash
         self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
+        self.upstream_pool = UpstreamPool(self._upstream, config.connect_timeout_s)
+        """The request path's connections to the upstream (serving/upstream_http.py)."""
         address, port = upstream_address(self._upstream)
         self._server_attributes: dict[str, str | int] = {"server.address": address, "server.port": port}
         self._edges = tuple(config.length_bucket_edges)
         self._bucket_labels = length_bucket_labels(self._edges)  # length_bucket's labels, made once
-        self._timeout = aiohttp.ClientTimeout(  # sock_read: until the status line, and a whole body;
-            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
-        )  # a stream's reads are watched by _StallWatch
+        self._read_timeout_s = config.read_timeout_s  # until the status line, and between a body's pieces;
+        # a stream's reads are watched by _StallWatch
         self._request_timeout_s = config.request_timeout_s or None
         self._state = ProxyState()
         self._tokenize_timeout = aiohttp.ClientTimeout(total=2.0)
@@ -398,12 +402,10 @@ class Proxy:
         if self._finish_with_engine_stats is not None:
             headers["X-Request-Id"] = record.trace_id  # vLLM's request id, how its plugin's records find us
         self._tracing.inject(span, headers)
-        url = self._upstream + request.path_qs
         deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
         try:
-            sending = self._session().request(
-                request.method, url, data=outgoing.body or None, headers=headers, timeout=self._timeout,
-                allow_redirects=False,
+            sending = self.upstream_pool.request(
+                request.method, request.path_qs, headers, outgoing.body or None, self._read_timeout_s
             )
             if deadline_ns is None:
                 upstream = await sending
@@ -433,10 +435,10 @@ class Proxy:
                 )
             try:
                 if deadline_ns is None:
-                    data = await upstream.read()
+                    data = await upstream.read_body(self._read_timeout_s)
                 else:
                     async with asyncio.timeout(_seconds_left(deadline_ns)):
-                        data = await upstream.read()
+                        data = await upstream.read_body(self._read_timeout_s)
             except Exception as err:
                 return self._upstream_failure(record, err, trace_headers, before_status=False)
             record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
@@ -456,11 +458,11 @@ class Proxy:
     ) -> web.Response:
         """The JSON answer when the upstream failed before the client got anything; re-raises what is not ours."""
         upstream = self._upstream
-        if isinstance(err, aiohttp.ConnectionTimeoutError):
+        if isinstance(err, ConnectTimeoutError):
             return self._fail(record, 504, Outcome.TIMEOUT, "upstream_connect_timeout",
                               f"upstream {upstream} did not accept a connection within "
                               f"{self._config.connect_timeout_s:g} s (serve.connect_timeout_s)", err, headers)
-        if isinstance(err, aiohttp.SocketTimeoutError):
+        if isinstance(err, ReadTimeoutError):
             return self._fail(record, 504, Outcome.TIMEOUT, "upstream_timeout",
                               f"upstream {upstream} stayed silent for {self._config.read_timeout_s:g} s "
                               "(serve.read_timeout_s)", err, headers)
@@ -468,10 +470,10 @@ class Proxy:
             return self._fail(record, 504, Outcome.TIMEOUT, "request_timeout",
                               f"upstream {upstream} did not finish within {self._config.request_timeout_s:g} s "
                               "(serve.request_timeout_s)", err, headers)
-        if isinstance(err, aiohttp.ClientConnectorError):
+        if isinstance(err, UnreachableError):
             return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_unreachable",
                               f"upstream {upstream} is unreachable: {err}", err, headers)
-        if isinstance(err, aiohttp.ClientError):
+        if isinstance(err, DisconnectedError):
             moment = "before its status line" if before_status else "in the middle of its answer"
             return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_disconnected",
                               f"upstream {upstream} broke the connection {moment}: {err!r}", err, headers)
@@ -480,7 +482,7 @@ class Proxy:
     async def _stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamConnection,
         headers: dict[str, str],
         record: RequestRecord,
         start_ns: int,
@@ -503,14 +505,14 @@ class Proxy:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         failure: tuple[Outcome, str, str] | None = None
-        content, stats, clock = upstream.content, reader.stats, time.perf_counter_ns
-        read, feed, write = content.readany, reader.feed, response.write  # bound once, called per chunk
+        stats, clock = reader.stats, time.perf_counter_ns
+        read, feed, write = upstream.read_some, reader.feed, response.write  # bound once, called per chunk
         stall = _StallWatch(upstream, self._config.read_timeout_s)
         try:
-            # The hot loop: once per network read of the upstream's stream. Keep it small.
+            # The hot loop: once per batch of the upstream's stream (all that came since the last write).
             while chunk := await read():
                 now_ns = stall.last_read_ns = clock()
-                stall.bytes_read = content.total_bytes
+                stall.bytes_read = upstream.bytes_received
                 out = feed(chunk, now_ns)
                 if out:
                     await write(out)
@@ -533,12 +535,12 @@ class Proxy:
             record.error_type, record.error_message = "client_disconnected", str(err)
             upstream.close()
             return response
-        except aiohttp.SocketTimeoutError:
+        except ReadTimeoutError:
             failure = (Outcome.TIMEOUT, "upstream_stalled",
                        f"upstream stayed silent for {self._config.read_timeout_s:g} s in the middle of the "
                        "stream (serve.read_timeout_s)")
-        except aiohttp.ClientError as err:
-            failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_broken", f"upstream stream broke: {err!r}")
+        except DisconnectedError as err:
+            failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_broken", f"upstream stream broke: {err}")
         finally:
             stall.stop()
             self._stream_stats(reader, record, start_ns)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from log_pipeline.query import Archive
 from serving import config as cfg
-from serving.app import SESSION, TRACING, build_app, server_options
+from serving.app import PROXY, TRACING, build_app, server_options
 from tests.fakes.faulty_upstream import FAULT_HEADER
 
 READ_TIMEOUT_S = 0.5
@@ -85,9 +85,7 @@ def open_fds() -> int:
 
 
 def upstream_connections_in_use(app: web.Application) -> int:
-    connector = app[SESSION].connector
-    assert connector is not None
-    return len(connector._acquired)  # no public count of the connections checked out
+    return app[PROXY].upstream_pool.in_use
 
 
 @dataclass

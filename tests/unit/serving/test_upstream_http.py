@@ -1,0 +1,268 @@
+"""The request path's upstream client against byte-level upstreams: reuse, bodies, and every way an answer breaks.
+
+A real server cannot be made to send a body without a length, a gzip body nobody asked for, a
+malformed status line or an interim 100 answer on demand, so these upstreams are scripted bytes
+on loopback. The proxy's behaviour against a real vLLM is in tests/integration/test_proxy_real.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from serving import upstream_http
+from serving.upstream_http import (
+    ConnectTimeoutError,
+    DisconnectedError,
+    ReadTimeoutError,
+    UnreachableError,
+    UpstreamPool,
+)
+from tests.fakes.faulty_upstream import unaccepting_listener
+
+Answer = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
+"""Writes the answer to one request (given its head and body) and may close the connection."""
+
+
+class ScriptedUpstream:
+    """A loopback server answering each request with ``answer``; counts connections and requests."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                await self.answer(request, writer)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture(name="scripted")
+async def _scripted() -> AsyncIterator[Callable[[Answer], Awaitable[ScriptedUpstream]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(answer: Answer) -> ScriptedUpstream:
+        upstream = ScriptedUpstream(answer)
+        upstream.server = await asyncio.start_server(upstream.handle, "127.0.0.1", 0)
+        servers.append(upstream.server)
+        return upstream
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def fixed(raw: bytes, *, close: bool = False) -> Answer:
+    async def answer(_request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(raw)
+        await writer.drain()
+        if close:
+            writer.close()
+    return answer
+
+
+OK_JSON = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok": "1"}'
+
+
+async def test_a_connection_is_reused_while_the_upstream_keeps_it_alive(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(OK_JSON))
+    pool = UpstreamPool(upstream.url, 5.0)
+    for _ in range(5):
+        answer = await pool.request("POST", "/v1/completions", {"X-Trace": "t"}, b'{"a": 1}', 5.0)
+        assert (answer.status, answer.headers["content-type"]) == (200, "application/json")
+        assert await answer.read_body(5.0) == b'{"ok": "1"}'
+        answer.release()
+    assert upstream.connections == 1
+    assert pool.in_use == 0
+    first = upstream.requests[0]
+    assert first.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+    assert b"\r\nX-Trace: t\r\n" in first
+    assert b"\r\nContent-Length: 8\r\n" in first
+    assert first.endswith(b'\r\n\r\n{"a": 1}')
+    pool.close()
+
+
+async def test_the_base_urls_path_and_host_are_sent(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(OK_JSON))
+    pool = UpstreamPool(upstream.url + "/prefix/", 5.0)
+    answer = await pool.request("GET", "/v1/models?x=1", {}, None, 5.0)
+    await answer.read_body(5.0)
+    answer.release()
+    host = upstream.url.removeprefix("http://")
+    assert upstream.requests[0] == f"GET /prefix/v1/models?x=1 HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    pool.close()
+
+
+async def test_connection_close_and_an_unfinished_answer_are_not_reused(scripted) -> None:  # type: ignore[no-untyped-def]
+    closing = OK_JSON.replace(b"Content-Length", b"Connection: close\r\nContent-Length")
+    upstream = await scripted(fixed(closing))
+    pool = UpstreamPool(upstream.url, 5.0)
+    for _ in range(2):
+        answer = await pool.request("GET", "/", {}, None, 5.0)
+        await answer.read_body(5.0)
+        answer.release()
+    assert upstream.connections == 2
+
+    chunked = await scripted(fixed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"))
+    pool = UpstreamPool(chunked.url, 5.0)
+    for _ in range(2):
+        answer = await pool.request("GET", "/", {}, None, 5.0)
+        assert await answer.read_some() == b"hello"
+        answer.release()  # the body's end never came: closed, not pooled
+    assert chunked.connections == 2
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+async def test_an_idle_connection_past_the_keep_alive_limit_is_replaced(scripted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(OK_JSON))
+    pool = UpstreamPool(upstream.url, 5.0)
+    monkeypatch.setattr(upstream_http, "KEEP_ALIVE_S", 0.05)
+    for _ in range(2):
+        answer = await pool.request("GET", "/", {}, None, 5.0)
+        await answer.read_body(5.0)
+        answer.release()
+        await asyncio.sleep(0.1)
+    assert upstream.connections == 2
+    pool.close()
+
+
+async def test_a_body_without_a_length_ends_with_the_connection(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nto the end", close=True))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    assert await answer.read_body(5.0) == b"to the end"
+    answer.release()
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+async def test_a_gzip_body_is_decompressed(scripted) -> None:  # type: ignore[no-untyped-def]
+    body = gzip.compress(b'{"usage": {"prompt_tokens": 3}}')
+    raw = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    upstream = await scripted(fixed(raw))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    assert await answer.read_body(5.0) == b'{"usage": {"prompt_tokens": 3}}'
+    answer.release()
+    pool.close()
+
+
+async def test_an_unknown_content_encoding_is_an_error(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\nxx"))
+    pool = UpstreamPool(upstream.url, 5.0)
+    with pytest.raises(DisconnectedError, match="Content-Encoding 'br'"):
+        await pool.request("GET", "/", {}, None, 5.0)
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+async def test_an_interim_100_answer_is_skipped(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(b"HTTP/1.1 100 Continue\r\n\r\n" + OK_JSON))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("POST", "/", {}, b"{}", 5.0)
+    assert answer.status == 200
+    assert await answer.read_body(5.0) == b'{"ok": "1"}'
+    answer.release()
+    pool.close()
+
+
+async def test_the_answer_to_head_has_no_body(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n"))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("HEAD", "/", {}, None, 5.0)
+    assert (answer.status, answer.headers["Content-Length"]) == (200, "11")
+    assert await answer.read_body(5.0) == b""
+    answer.release()
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+@pytest.mark.parametrize(("raw", "error", "words"), [
+    (b"", DisconnectedError, "closed the connection"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", DisconnectedError, "closed the connection"),
+    (b"SMTP ready\r\n\r\n", DisconnectedError, "not well-formed HTTP"),
+])
+async def test_a_broken_answer_is_named(scripted, raw: bytes, error: type[Exception], words: str) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(fixed(raw, close=True))
+    pool = UpstreamPool(upstream.url, 5.0)
+    async def whole_answer() -> bytes:
+        answer = await pool.request("GET", "/", {}, None, 5.0)
+        return await answer.read_body(5.0)
+
+    with pytest.raises(error, match=words):
+        await whole_answer()
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+async def test_silence_before_the_status_line_and_within_the_body_is_a_read_timeout(scripted) -> None:  # type: ignore[no-untyped-def]
+    async def silent(_request: bytes, _writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(10)
+
+    pool = UpstreamPool((await scripted(silent)).url, 5.0)
+    with pytest.raises(ReadTimeoutError, match=r"no status line within 0\.2 s"):
+        await pool.request("GET", "/", {}, None, 0.2)
+    pool = UpstreamPool((await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\npart"))).url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 0.2)
+    with pytest.raises(ReadTimeoutError, match="in the middle of the body"):
+        await answer.read_body(0.2)
+    assert await _eventually(lambda: pool.in_use == 0)
+
+
+async def test_a_refused_connection_is_unreachable() -> None:
+    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(UnreachableError):
+        await UpstreamPool(f"http://127.0.0.1:{port}", 5.0).request("GET", "/", {}, None, 5.0)
+
+
+async def test_a_connection_not_accepted_in_time_is_a_connect_timeout() -> None:
+    with unaccepting_listener() as url, pytest.raises(ConnectTimeoutError, match=r"no connection within 0\.2 s"):
+        await UpstreamPool(url, 0.2).request("GET", "/", {}, None, 5.0)
+
+
+async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(scripted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(upstream_http, "HIGH_WATER_BYTES", 64 * 1024)
+    size = 4 * 1024 * 1024
+    body = bytes(range(256)) * (size // 256)
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (size, body)))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    received, most_buffered = [], 0
+    while piece := await answer.read_some():
+        received.append(piece)
+        most_buffered = max(most_buffered, len(piece))
+        await asyncio.sleep(0.001)  # a slow client
+    assert b"".join(received) == body
+    assert most_buffered < 1024 * 1024, "the socket kept being read while nobody took the data"
+    answer.release()
+    pool.close()
+
+
+async def _eventually(condition: Callable[[], bool], seconds: float = 2.0) -> bool:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return True
+        await asyncio.sleep(0.01)
+    return condition()
