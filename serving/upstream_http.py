@@ -190,9 +190,16 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(data)  # calls on_body once per HTTP chunk: that only appends
         except httptools.HttpParserError as err:
             self.abort(DisconnectedError(f"the upstream's answer is not well-formed HTTP/1.1: {err}"))
+            return
+        if self._chunks:  # one wake-up and one high-water check per socket read, however many chunks
+            self._buffered += len(data)
+            if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
+                self._paused = True
+                self._transport.pause_reading()
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -237,21 +244,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        if self._error is not None:
-            return
-        if self._decoder is not None:
+        if self._decoder is None:
+            self._chunks.append(body)
+        elif self._error is None:
             try:
                 body = self._decoder.decompress(body)
             except zlib.error as err:
                 self.abort(DisconnectedError(f"the upstream's compressed body is corrupt: {err}"))
                 return
-        if body and not self._head_only:
-            self._chunks.append(body)
-            self._buffered += len(body)
-            if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
-                self._paused = True
-                self._transport.pause_reading()
-            self._wake()
+            if body:
+                self._chunks.append(body)
 
     def on_message_complete(self) -> None:
         if self._error is not None:

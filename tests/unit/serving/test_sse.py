@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serving.sse import SseReader
 
@@ -135,3 +137,44 @@ def test_a_read_mixing_content_and_the_injected_usage_chunk_still_strips_it() ->
     assert reader.feed(tail, 5) == _chunk("b") + _chunk("c", finish="length") + b"data: [DONE]\n\n"
     assert (reader.stats.content_events, reader.stats.completion_tokens, reader.stats.finish_reason) == (3, 4, "length")
     assert reader.stats.done
+
+
+_EVENT_KINDS = st.sampled_from(["content", "content_spaced", "finish", "usage_field", "comment"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(_EVENT_KINDS, min_size=1, max_size=40), strip=st.booleans(), role_first=st.booleans(),
+       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+def test_any_stream_cut_anywhere_is_forwarded_and_counted_like_one_event_at_a_time(
+    kinds: list[str], strip: bool, role_first: bool, cuts: list[int]
+) -> None:
+    """Whatever the reads look like (the whole stream in one, or cut anywhere), the bytes forwarded and
+    the counts equal what reading each event's JSON on its own gives. (vLLM sends the role-only chunk
+    first; after the first content, a running choice is taken for content without reading its JSON.)"""
+    role = _event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    events: list[bytes] = [role] if role_first else []
+    content = 0
+    for i, kind in enumerate(kinds):
+        if kind == "content":
+            events.append(_chunk(f"w{i}"))
+        elif kind == "content_spaced":  # json.dumps' spacing, as the compact form is vLLM's
+            events.append(b'data: {"choices": [{"index": 0, "delta": {"content": "s"}, "finish_reason": null}]}\n\n')
+        elif kind == "finish":
+            events.append(_chunk(f"f{i}", finish="stop"))
+        elif kind == "usage_field":
+            events.append(_chunk(f"u{i}", usage={"prompt_tokens": 5, "completion_tokens": i}))
+        else:
+            events.append(b": keep-alive\n\n")
+        content += kind in ("content", "content_spaced", "finish", "usage_field")
+    usage_chunk = _event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 99}})
+    stream = b"".join(events) + usage_chunk + b"data: [DONE]\n\n"
+    expected = b"".join(events) + (b"" if strip else usage_chunk) + b"data: [DONE]\n\n"
+    reader = SseReader(strip_usage_chunk=strip, strip_usage_field=False)
+    bounds = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
+    out = b"".join(reader.feed(stream[a:b], n) for n, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    assert out + reader.flush() == expected
+    stats = reader.stats
+    assert stats.content_events == content
+    assert len(stats.gaps_s) == max(content - 1, 0)
+    assert (stats.prompt_tokens, stats.completion_tokens, stats.done) == (5, 99, True)
+    assert stats.finish_reason == ("stop" if "finish" in kinds else None)
