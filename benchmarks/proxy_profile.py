@@ -42,6 +42,7 @@ COMPONENTS = (  # first match wins: (component, substrings of the function's fil
     ("metrics (request_metrics, batch_histogram, prometheus_client)",
      ("exporters/request_metrics.py", "exporters/batch_histogram.py", "prometheus_client")),
     ("request log (log_pipeline: event, sampling, sink)", ("log_pipeline",)),
+    ("upstream client (serving/upstream_http.py, httptools)", ("serving/upstream_http.py", "httptools")),
     ("other sidecar code (app observers, exporters, structlog)", ("serving/", "exporters/", "structlog")),
     ("aiohttp server (web_*, http parser, streams)", ("aiohttp/web", "aiohttp/http", "aiohttp/streams",
                                                        "aiohttp/base_protocol", "aiohttp/helpers")),
