@@ -1,52 +1,62 @@
-"""The floor of the sidecar's design: an aiohttp server and client forwarding bytes, measuring nothing.
+"""The floor of the sidecar's design: its server and upstream client forwarding bytes, measuring nothing.
 
-Run as a peer of the shared proxy bench (benchmarks/peer_overhead.py starts it): what it costs
-per request is what any aiohttp-based proxy pays before the first line of inferwatch's own
-work (parsing, admission, tracing, metrics, records), so the gap between it and inferwatch is
-ours to shrink and the rest belongs to the design.
+Run as a peer of the shared proxy bench (benchmarks/peer_overhead.py starts it). It is
+inferwatch's request path with everything inferwatch does to a request taken out: the same
+aiohttp server with the same options, the same upstream client (serving/upstream_http.py), a
+stream forwarded as whatever came since the last write. What it costs per request is the
+design's floor; the gap between it and inferwatch is the sidecar's own work (admission, the SSE
+reader, the span, the metrics, the record).
 
-    python benchmarks/bare_aiohttp_proxy.py --upstream URL --listen HOST:PORT
+    python benchmarks/bare_forwarder.py --upstream URL --listen HOST:PORT
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-import aiohttp
 import uvloop
 from aiohttp import web
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from serving.upstream_http import UpstreamPool
+
 DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
+POOL = web.AppKey("pool", UpstreamPool)
 
 
 def build(upstream: str) -> web.Application:
-    """An app forwarding every request to ``upstream``, streaming answers chunk by chunk as they come."""
+    """An app forwarding every request to ``upstream``, streaming answers as they come."""
     app = web.Application()
-    sessions: list[aiohttp.ClientSession] = []
 
-    async def session_ctx(_app: web.Application):  # type: ignore[no-untyped-def]
-        sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
+        app[POOL] = UpstreamPool(upstream, connect_timeout_s=5.0)
         yield
-        await sessions[0].close()
+        app[POOL].close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
-        async with sessions[0].request(request.method, upstream + request.path_qs, headers=headers,
-                                       data=await request.read()) as answer:
+        answer = await app[POOL].request(request.method, request.path_qs, headers, await request.read(), 300.0)
+        try:
             out = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED | {"content-encoding"}}
             if answer.headers.get("Content-Type", "").startswith("text/event-stream"):
                 response = web.StreamResponse(status=answer.status, headers=out)
                 await response.prepare(request)
-                async for chunk in answer.content.iter_any():
+                while chunk := await answer.read_some():
                     await response.write(chunk)
                 await response.write_eof()
                 return response
-            return web.Response(body=await answer.read(), status=answer.status, headers=out)
+            return web.Response(body=await answer.read_body(300.0), status=answer.status, headers=out)
+        finally:
+            answer.release()
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app.cleanup_ctx.append(session_ctx)
+    app.cleanup_ctx.append(pool_ctx)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
