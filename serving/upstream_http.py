@@ -113,9 +113,12 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def read_body(self, timeout_s: float) -> bytes:
         """The whole body; ``timeout_s`` is the longest silence allowed between two pieces of it."""
+        pieces: list[bytes] = []
         while not self._complete:
             if self._error is not None:
                 raise self._error
+            if self._chunks:  # taken as they come, so a large body never pauses the socket for good
+                pieces.append(self._take())
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(timeout_s):
@@ -124,7 +127,8 @@ class UpstreamConnection(asyncio.Protocol):
                 self.abort(ReadTimeoutError(f"silent for {timeout_s:g} s in the middle of the body"))
         if self._error is not None:
             raise self._error
-        return self._take()
+        pieces.append(self._take())
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def read_some(self) -> bytes:
         """Everything that came since the last call, waiting for something if nothing did; ``b""`` at the end.

@@ -260,6 +260,19 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(scripted, monke
     pool.close()
 
 
+async def test_a_non_streamed_body_larger_than_the_high_water_mark_is_read_whole(scripted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(upstream_http, "HIGH_WATER_BYTES", 64 * 1024)
+    size = 4 * 1024 * 1024
+    body = bytes(range(256)) * (size // 256)
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (size, body)))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    assert await answer.read_body(2.0) == body
+    answer.release()
+    assert upstream.connections == 1
+    pool.close()
+
+
 async def _eventually(condition: Callable[[], bool], seconds: float = 2.0) -> bool:
     for _ in range(int(seconds / 0.01)):
         if condition():
