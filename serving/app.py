@@ -40,6 +40,7 @@ from serving.workers import (
     FORWARDED_PATHS,
     RECORDS_PATH,
     PrimaryForwarder,
+    PrimaryLink,
     RecordForwarder,
     RecordIntake,
     forwarder_ctx,
@@ -198,7 +199,8 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
     app[INFLIGHT] = InFlightTokens()
     app[IN_FLIGHT_REQUESTS] = InFlightRequests()
-    forwarder = RecordForwarder(primary_socket, worker, app[INFLIGHT], app[IN_FLIGHT_REQUESTS])
+    link = PrimaryLink(primary_socket)  # one client to the primary: records out, /metrics and admin reads in
+    forwarder = RecordForwarder(link, worker, app[INFLIGHT], app[IN_FLIGHT_REQUESTS])
     # vLLM's numbers are joined in the primary: here the request only carries the id they are found by
     hook = (lambda _record, finish: finish()) if settings.serve.engine_stats_listen else None
     proxy = app[PROXY] = _proxy(app, settings, [forwarder.observe], lambda: forwarder.degraded,
@@ -215,8 +217,8 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     app.cleanup_ctx.append(forwarder_ctx(forwarder))
     app.cleanup_ctx.append(background)
     app.on_cleanup.append(_shutdown_tracing)
-    primary = PrimaryForwarder(primary_socket)
-    app.on_cleanup.append(primary.close)
+    app.on_cleanup.append(link.close)  # after the cleanup contexts: the forwarder's last records went first
+    primary = PrimaryForwarder(link)
     forward = primary.handle
     for path in FORWARDED_PATHS:
         app.router.add_get(path, forward)

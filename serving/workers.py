@@ -98,11 +98,30 @@ def from_unix_socket(request: web.Request) -> bool:
 # ---- secondary side -----------------------------------------------------------------------------
 
 
+class PrimaryLink:
+    """A secondary's one HTTP client to its primary's Unix socket, shared by the records and the forwarded reads."""
+
+    def __init__(self, socket_path: str) -> None:
+        self._socket_path = socket_path
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        """The client, made on first use (inside the running loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
+        return self._session
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        """Close the client (an ``on_cleanup`` callback, after the last records went)."""
+        if self._session is not None:
+            await self._session.close()
+
+
 class RecordForwarder:
     """Collects a secondary's finished records and posts them to the primary, with its in-flight table."""
 
-    def __init__(self, socket_path: str, worker: int, inflight: InFlightTokens, requests: InFlightRequests) -> None:
-        self._socket_path = socket_path
+    def __init__(self, link: PrimaryLink, worker: int, inflight: InFlightTokens, requests: InFlightRequests) -> None:
+        self._link = link
         self._worker = worker
         self._inflight = inflight
         self._requests = requests
@@ -110,7 +129,6 @@ class RecordForwarder:
         self.degraded: frozenset[str] = frozenset()
         """Models the primary's rule engine sheds (its InferwatchCircuitBreakerDegrade alerts)."""
         self.dropped = 0
-        self._session: aiohttp.ClientSession | None = None
         self._failing = False
         self._idle_sent = False
         self._last_sent = float("-inf")
@@ -129,10 +147,8 @@ class RecordForwarder:
         inflight = [[e.model, e.tokens, e.started_ns] for e in self._inflight.local_snapshot()]
         body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight,
                              "in_flight_requests": self._requests.local_counts()})
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
         try:
-            async with self._session.post(f"http://primary{RECORDS_PATH}", data=body,
+            async with self._link.session().post(f"http://primary{RECORDS_PATH}", data=body,
                                           headers={"Content-Type": "application/json"},
                                           timeout=aiohttp.ClientTimeout(total=5)) as response:
                 if response.status == 400:  # the primary cannot read it: retrying would block every later one
@@ -172,7 +188,7 @@ class RecordForwarder:
                 await asyncio.sleep(FLUSH_INTERVAL_S)
 
     async def close(self) -> None:
-        """Send what is left (a few tries while the primary answers), then close the client."""
+        """Send what is left (a few tries while the primary answers)."""
         for _ in range(20):
             if not self._pending:
                 break
@@ -180,8 +196,6 @@ class RecordForwarder:
                 await asyncio.sleep(0.1)
         if self._pending:
             log.warning("worker_records_lost_at_exit", records=len(self._pending), worker=self._worker)
-        if self._session is not None:
-            await self._session.close()
 
 
 def forwarder_ctx(forwarder: RecordForwarder) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -200,16 +214,13 @@ def forwarder_ctx(forwarder: RecordForwarder) -> Callable[[web.Application], Asy
 class PrimaryForwarder:
     """Answers a secondary's request with the primary's answer to it (``/metrics``, ``/readyz``, admin)."""
 
-    def __init__(self, socket_path: str) -> None:
-        self._socket_path = socket_path
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, link: PrimaryLink) -> None:
+        self._link = link
 
     async def handle(self, request: web.Request) -> web.Response:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self._socket_path))
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("accept", "authorization")}
         try:
-            async with self._session.get(f"http://primary{request.path_qs}", headers=headers,
+            async with self._link.session().get(f"http://primary{request.path_qs}", headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=10)) as answer:
                 body = await answer.read()
                 kept = {k: v for k, v in answer.headers.items() if k.lower() in ("content-type", "cache-control")}
@@ -218,11 +229,6 @@ class PrimaryForwarder:
             log.warning("worker_primary_unreachable", path=request.path, error=repr(err))
             return web.json_response({"error": {"message": "the primary sidecar process does not answer",
                                                 "type": "primary_unreachable"}}, status=503)
-
-    async def close(self, _app: web.Application | None = None) -> None:
-        """Close the client (an ``on_cleanup`` callback)."""
-        if self._session is not None:
-            await self._session.close()
 
 
 async def watch_parent(parent_pid: int, socket_path: str) -> None:

@@ -17,7 +17,7 @@ from exporters.inflight import InFlight, InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from serving.commands import serve
 from serving.config import settings_from_args
-from serving.workers import RECORDS_PATH, RecordForwarder, RecordIntake, record_from_wire, shares
+from serving.workers import RECORDS_PATH, PrimaryLink, RecordForwarder, RecordIntake, record_from_wire, shares
 
 
 def _record(i: int) -> RequestRecord:
@@ -97,7 +97,8 @@ async def test_records_and_in_flight_table_reach_the_primary(primary: _Primary) 
     inflight.track("live", "m", 42)
     requests = InFlightRequests()
     requests.add(("m", "/v1/completions"))
-    forwarder = RecordForwarder(primary.path, 3, inflight, requests)
+    link = PrimaryLink(primary.path)
+    forwarder = RecordForwarder(link, 3, inflight, requests)
     span: Span = None  # type: ignore[assignment]
     for i in range(3):
         forwarder.observe(_record(i), span)
@@ -110,14 +111,17 @@ async def test_records_and_in_flight_table_reach_the_primary(primary: _Primary) 
     assert forwarder.degraded == frozenset({"shed-me"})
     assert primary.registry.get_sample_value("inferwatch_worker_records_total", {"worker": "3"}) == 3
     await forwarder.close()
+    await link.close()
 
 
 async def test_records_wait_while_the_primary_is_away(primary: _Primary) -> None:
-    forwarder = RecordForwarder(primary.path, 1, InFlightTokens(), InFlightRequests())
+    link = PrimaryLink(primary.path)
+    forwarder = RecordForwarder(link, 1, InFlightTokens(), InFlightRequests())
     forwarder.observe(_record(7), None)  # type: ignore[arg-type]
     assert not await forwarder.flush()  # nothing listens yet: kept, not lost
     await primary.start()
     await forwarder.close()
+    await link.close()
     assert primary.finished == [_record(7)]
 
 
@@ -126,12 +130,14 @@ async def test_the_intake_refuses_tcp_and_malformed_batches(primary: _Primary) -
         response = await client.post(RECORDS_PATH, data=orjson.dumps({"worker": 1, "records": []}))
         assert response.status == 404  # only the private Unix socket takes records
     await primary.start()
-    forwarder = RecordForwarder(primary.path, 1, InFlightTokens(), InFlightRequests())
+    link = PrimaryLink(primary.path)
+    forwarder = RecordForwarder(link, 1, InFlightTokens(), InFlightRequests())
     forwarder.observe({"not": "a record"}, None)  # type: ignore[arg-type]
     assert not await forwarder.flush()
     assert primary.finished == []
     assert forwarder.dropped == 1  # dropped and counted: it would block every later batch
     await forwarder.close()
+    await link.close()
 
 
 def test_a_taken_port_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
