@@ -19,6 +19,7 @@ from serving.upstream_http import (
     DisconnectedError,
     ReadTimeoutError,
     UnreachableError,
+    UpstreamConnection,
     UpstreamPool,
 )
 from tests.fakes.faulty_upstream import unaccepting_listener
@@ -82,6 +83,19 @@ def fixed(raw: bytes, *, close: bool = False) -> Answer:
         if close:
             writer.close()
     return answer
+
+
+async def status_and_body(
+    upstream: ScriptedUpstream, method: str = "GET", body: bytes | None = None
+) -> tuple[int, bytes]:
+    """One request on a pool of its own: the answer's status and whole body; the pool closed after."""
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request(method, "/", {}, body, 5.0)
+    try:
+        return answer.status, await answer.read_body(5.0)
+    finally:
+        answer.release()
+        pool.close()
 
 
 OK_JSON = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok": "1"}'
@@ -161,12 +175,7 @@ async def test_a_body_without_a_length_ends_with_the_connection(scripted) -> Non
 async def test_a_gzip_body_is_decompressed(scripted) -> None:  # type: ignore[no-untyped-def]
     body = gzip.compress(b'{"usage": {"prompt_tokens": 3}}')
     raw = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    upstream = await scripted(fixed(raw))
-    pool = UpstreamPool(upstream.url, 5.0)
-    answer = await pool.request("GET", "/", {}, None, 5.0)
-    assert await answer.read_body(5.0) == b'{"usage": {"prompt_tokens": 3}}'
-    answer.release()
-    pool.close()
+    assert await status_and_body(await scripted(fixed(raw))) == (200, b'{"usage": {"prompt_tokens": 3}}')
 
 
 async def test_an_unknown_content_encoding_is_an_error(scripted) -> None:  # type: ignore[no-untyped-def]
@@ -179,12 +188,7 @@ async def test_an_unknown_content_encoding_is_an_error(scripted) -> None:  # typ
 
 async def test_an_interim_100_answer_is_skipped(scripted) -> None:  # type: ignore[no-untyped-def]
     upstream = await scripted(fixed(b"HTTP/1.1 100 Continue\r\n\r\n" + OK_JSON))
-    pool = UpstreamPool(upstream.url, 5.0)
-    answer = await pool.request("POST", "/", {}, b"{}", 5.0)
-    assert answer.status == 200
-    assert await answer.read_body(5.0) == b'{"ok": "1"}'
-    answer.release()
-    pool.close()
+    assert await status_and_body(upstream, "POST", b"{}") == (200, b'{"ok": "1"}')
 
 
 async def test_the_answer_to_head_has_no_body(scripted) -> None:  # type: ignore[no-untyped-def]
@@ -242,35 +246,36 @@ async def test_a_connection_not_accepted_in_time_is_a_connect_timeout() -> None:
         await UpstreamPool(url, 0.2).request("GET", "/", {}, None, 5.0)
 
 
-async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(scripted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+LARGE_BODY = bytes(range(256)) * (4 * 1024 * 1024 // 256)
+
+
+@pytest.fixture(name="large_answer")
+async def _large_answer(scripted, monkeypatch) -> AsyncIterator[tuple[UpstreamConnection, ScriptedUpstream]]:  # type: ignore[no-untyped-def]
+    """The answer (status line in) to a request for a 4 MiB body, the high-water mark at 64 KiB."""
     monkeypatch.setattr(upstream_http, "HIGH_WATER_BYTES", 64 * 1024)
-    size = 4 * 1024 * 1024
-    body = bytes(range(256)) * (size // 256)
-    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (size, body)))
+    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(LARGE_BODY), LARGE_BODY)))
     pool = UpstreamPool(upstream.url, 5.0)
-    answer = await pool.request("GET", "/", {}, None, 5.0)
+    yield await pool.request("GET", "/", {}, None, 5.0), upstream
+    pool.close()
+
+
+async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(large_answer) -> None:  # type: ignore[no-untyped-def]
+    answer, _upstream = large_answer
     received, most_buffered = [], 0
     while piece := await answer.read_some():
         received.append(piece)
         most_buffered = max(most_buffered, len(piece))
         await asyncio.sleep(0.001)  # a slow client
-    assert b"".join(received) == body
+    assert b"".join(received) == LARGE_BODY
     assert most_buffered < 1024 * 1024, "the socket kept being read while nobody took the data"
     answer.release()
-    pool.close()
 
 
-async def test_a_non_streamed_body_larger_than_the_high_water_mark_is_read_whole(scripted, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(upstream_http, "HIGH_WATER_BYTES", 64 * 1024)
-    size = 4 * 1024 * 1024
-    body = bytes(range(256)) * (size // 256)
-    upstream = await scripted(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (size, body)))
-    pool = UpstreamPool(upstream.url, 5.0)
-    answer = await pool.request("GET", "/", {}, None, 5.0)
-    assert await answer.read_body(2.0) == body
+async def test_a_non_streamed_body_larger_than_the_high_water_mark_is_read_whole(large_answer) -> None:  # type: ignore[no-untyped-def]
+    answer, upstream = large_answer
+    assert await answer.read_body(2.0) == LARGE_BODY
     answer.release()
     assert upstream.connections == 1
-    pool.close()
 
 
 async def _eventually(condition: Callable[[], bool], seconds: float = 2.0) -> bool:
