@@ -271,12 +271,16 @@ def _view_dict(view: ModelView) -> dict[str, object]:
 
 
 def running_entries(entries: Sequence[InFlight], running: float | None) -> Sequence[InFlight]:
-    """The in-flight requests vLLM is running: the oldest ``running`` of them (in start order).
+    """The in-flight requests vLLM is running: ``running`` of them, those receiving tokens first, then the oldest.
 
     vLLM schedules first come, first served, and a preempted request goes back to the head of the
-    queue: the requests that wait hold no KV block. With the running count unknown, all of them.
+    queue: the requests that wait hold no KV block. The order in which the sidecar saw the requests
+    start (their status lines) need not be the order vLLM admitted them, so a stream whose tokens are
+    coming counts as running before an older one still waiting. With the running count unknown, all.
     """
-    return entries if running is None else entries[: max(round(running), 0)]
+    if running is None:
+        return entries
+    return sorted(entries, key=lambda entry: not entry.generating)[: max(round(running), 0)]  # stable: oldest first
 
 
 def fragmentation(

@@ -31,6 +31,8 @@ class InFlight:
     tokens: int
     started_ns: int = 0
     """When the request entered the table (``time.monotonic_ns``: one clock for every process of the host)."""
+    generating: bool = False
+    """Its tokens are coming (a stream that has had content): vLLM is running it, whatever its place in line."""
 
 
 class ContentCounter(Protocol):
@@ -77,7 +79,7 @@ class InFlightTokens:
         out = []
         for model, tokens, stream, started in list(self._table.values()):
             generated = stream.content_events if stream is not None else 0  # type: ignore[attr-defined]
-            out.append(InFlight(str(model), int(tokens) + int(generated), started))  # type: ignore[call-overload, arg-type]
+            out.append(InFlight(str(model), int(tokens) + int(generated), started, generated > 0))  # type: ignore[call-overload, arg-type, operator]
         return out
 
     def set_remote(self, source: str, entries: list[InFlight], *, ttl_s: float) -> None:

@@ -144,7 +144,7 @@ class RecordForwarder:
     async def flush(self) -> bool:
         """Post one batch (and the in-flight table); False when the primary did not take it."""
         batch = self._pending[:MAX_BATCH]
-        inflight = [[e.model, e.tokens, e.started_ns] for e in self._inflight.local_snapshot()]
+        inflight = [[e.model, e.tokens, e.started_ns, e.generating] for e in self._inflight.local_snapshot()]
         body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight,
                              "in_flight_requests": self._requests.local_counts()})
         try:
@@ -273,7 +273,7 @@ class RecordIntake:
             batch = orjson.loads(await request.read())
             worker = int(batch["worker"])
             records = [record_from_wire(item) for item in batch["records"]]
-            remote = [InFlight(str(m), int(t), int(s)) for m, t, s in batch.get("inflight", [])]
+            remote = [InFlight(str(m), int(t), int(s), bool(g)) for m, t, s, g in batch.get("inflight", [])]
             counts = [(str(m), str(r), int(n)) for m, r, n in batch.get("in_flight_requests", [])]
         except (ValueError, KeyError, TypeError) as err:
             return web.json_response({"error": f"malformed worker batch: {err}"}, status=400)

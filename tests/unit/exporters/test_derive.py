@@ -44,6 +44,13 @@ def test_only_the_oldest_running_requests_hold_blocks() -> None:
     assert running_entries(entries, 0.0) == []
 
 
+def test_a_request_receiving_tokens_is_running_before_an_older_one_still_waiting() -> None:
+    """The sidecar saw A's status line first, but vLLM admitted B: B's tokens are coming, A holds nothing yet."""
+    waiting, generating = InFlight("m", 1200, 1), InFlight("m", 1480, 2, generating=True)
+    assert running_entries([waiting, generating], 1.0) == [generating]
+    assert running_entries([waiting, InFlight("m", 1190, 3)], 1.0) == [waiting]  # none generating: the oldest
+
+
 def test_measured_blocks_give_the_ratio_when_the_plugin_reports_them() -> None:
     """With vLLM's own blocks in use, the ratio is 1 - tokens / (measured x block size), never below 0."""
     (frag,) = fragmentation([InFlight("m", 40)], 32, measured_blocks=4.0)
