@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -171,7 +172,7 @@ def test_any_stream_cut_anywhere_is_forwarded_and_counted_like_one_event_at_a_ti
     expected = b"".join(events) + (b"" if strip else usage_chunk) + b"data: [DONE]\n\n"
     reader = SseReader(strip_usage_chunk=strip, strip_usage_field=False)
     bounds = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
-    out = b"".join(reader.feed(stream[a:b], n) for n, (a, b) in enumerate(zip(bounds, bounds[1:])))
+    out = b"".join(reader.feed(stream[a:b], n) for n, (a, b) in enumerate(pairwise(bounds)))
     assert out + reader.flush() == expected
     stats = reader.stats
     assert stats.content_events == content
