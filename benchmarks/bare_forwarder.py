@@ -3,9 +3,9 @@
 Run as a peer of the shared proxy bench (benchmarks/peer_overhead.py starts it). It is
 inferwatch's request path with everything inferwatch does to a request taken out: the same
 aiohttp server with the same options, the same upstream client (serving/upstream_http.py), a
-stream forwarded as whatever came since the last write. What it costs per request is the
-design's floor; the gap between it and inferwatch is the sidecar's own work (admission, the SSE
-reader, the span, the metrics, the record).
+stream relayed by the same hot loop (serving/stream_relay.py) with a reader that looks at
+nothing. What it costs per request is the design's floor; the gap between it and inferwatch is
+the sidecar's own work (admission, the SSE reader, the span, the metrics, the record).
 
     python benchmarks/bare_forwarder.py --upstream URL --listen HOST:PORT
 """
@@ -22,10 +22,21 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from serving.stream_relay import StreamRelay
 from serving.upstream_http import UpstreamPool
 
 DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
 POOL = web.AppKey("pool", UpstreamPool)
+
+
+class PassThrough:
+    """A stream reader that forwards every piece as it came and looks at nothing."""
+
+    broken = False
+
+    @staticmethod
+    def feed(data: bytes, _now_ns: int) -> bytes:
+        return data
 
 
 def build(upstream: str) -> web.Application:
@@ -44,9 +55,8 @@ def build(upstream: str) -> web.Application:
             out = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED | {"content-encoding"}}
             if answer.headers.get("Content-Type", "").startswith("text/event-stream"):
                 response = web.StreamResponse(status=answer.status, headers=out)
-                await response.prepare(request)
-                while chunk := await answer.read_some():
-                    await response.write(chunk)
+                writer = await response.prepare(request)
+                await StreamRelay(answer, PassThrough(), 300.0, None).run(request, response, writer)
                 await response.write_eof()
                 return response
             return web.Response(body=await answer.read_body(300.0), status=answer.status, headers=out)

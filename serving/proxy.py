@@ -26,6 +26,7 @@ from serving.body_checks import BodyError, decode_json_object
 from serving.config import ServeConfig
 from serving.errors import error_body, sse_error_event, upstream_error_body
 from serving.sse import SseReader
+from serving.stream_relay import StreamRelay
 from serving.tracing import Tracing, span_id_hex, trace_id_hex
 from serving.unicode_nfc import normalize_prompt_text
 from serving.upstream_http import (
@@ -152,50 +153,6 @@ def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
     record.prompt_chars = sum(map(len, prompt_strings(payload)))
 
 
-class _StallWatch:
-    """``serve.read_timeout_s`` between the reads of a stream, on one timer instead of one per read.
-
-    A timer per read (cancelled and re-armed each time) costs more than the proxy's own work on a
-    chunk (about 3 µs with uvloop on the 2-core machine). Here the stream loop only notes when it
-    last got data and how many bytes the connection had received by then; one timer, re-armed
-    only when it fires, ends the stream with :class:`ReadTimeoutError` when the upstream has sent
-    nothing for that long. Bytes that came while the loop was busy writing to the client count as
-    the upstream speaking, so a slow client is never taken for a silent upstream.
-    """
-
-    __slots__ = ("_handle", "_loop", "_timeout_ns", "_timeout_s", "_upstream", "bytes_read", "last_read_ns")
-
-    def __init__(self, upstream: UpstreamConnection, timeout_s: float) -> None:
-        self._upstream = upstream
-        self.last_read_ns = time.perf_counter_ns()
-        """When the stream loop last got data (perf_counter_ns)."""
-        self.bytes_read = upstream.bytes_received
-        """The connection's bytes received by then (the loop takes everything buffered at each read)."""
-        self._timeout_s = timeout_s
-        self._timeout_ns = int(timeout_s * 1e9)
-        self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout_s, self._check)
-
-    def _check(self) -> None:
-        upstream = self._upstream
-        self._handle = None
-        if upstream.finished:
-            return
-        left_ns = self.last_read_ns + self._timeout_ns - time.perf_counter_ns()
-        if left_ns > 0:
-            self._handle = self._loop.call_later(left_ns / 1e9, self._check)
-        elif upstream.bytes_received != self.bytes_read:  # data waits for the loop (busy writing): not silent
-            self._handle = self._loop.call_later(self._timeout_s, self._check)
-        else:
-            upstream.abort(ReadTimeoutError(f"silent for {self._timeout_s:g} s in the middle of the stream"))
-
-    def stop(self) -> None:
-        """Drop the timer (the stream ended)."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
 @dataclass(slots=True)
 class Outgoing:
     """The request as it will be sent upstream, and what the client asked for."""
@@ -258,7 +215,7 @@ class Proxy:
         self._edges = tuple(config.length_bucket_edges)
         self._bucket_labels = length_bucket_labels(self._edges)  # length_bucket's labels, made once
         self._read_timeout_s = config.read_timeout_s  # until the status line, and between a body's pieces;
-        # a stream's reads are watched by _StallWatch
+        # a stream's reads are watched by stream_relay.StallWatch
         self._request_timeout_s = config.request_timeout_s or None
         self._state = ProxyState()
         self._tokenize_timeout = aiohttp.ClientTimeout(total=2.0)
@@ -503,33 +460,23 @@ class Proxy:
         if record.prompt_tokens_estimate is not None:
             inflight.track(key, record.model, record.prompt_tokens_estimate, reader.stats)
         response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
+        writer = await response.prepare(request)
+        relay = StreamRelay(upstream, reader, self._config.read_timeout_s, deadline_ns)
         failure: tuple[Outcome, str, str] | None = None
-        stats, clock = reader.stats, time.perf_counter_ns
-        read, feed, write = upstream.read_some, reader.feed, response.write  # bound once, called per chunk
-        stall = _StallWatch(upstream, self._config.read_timeout_s)
+        stats = reader.stats
         try:
-            # The hot loop: once per batch of the upstream's stream (all that came since the last write).
-            while chunk := await read():
-                now_ns = stall.last_read_ns = clock()
-                stall.bytes_read = upstream.bytes_received
-                out = feed(chunk, now_ns)
-                if out:
-                    await write(out)
-                if stats.problem is not None:
-                    failure = (Outcome.UPSTREAM_ERROR, stats.problem, _PROBLEMS[stats.problem])
-                    break
-                if deadline_ns is not None and now_ns > deadline_ns:
-                    failure = (Outcome.TIMEOUT, "request_timeout", "the stream did not finish within "
-                               f"{self._config.request_timeout_s:g} s (serve.request_timeout_s)")
-                    break
-            else:  # the upstream ended the stream
-                if reader.pending:
-                    failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
-                               "upstream ended the stream in the middle of an event")
-                elif expect_done and not stats.done and stats.error is None:
-                    failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
-                               "upstream ended the stream without its final [DONE] event")
+            await relay.run(request, response, writer)  # the hot loop: serving/stream_relay.py
+            if stats.problem is not None:
+                failure = (Outcome.UPSTREAM_ERROR, stats.problem, _PROBLEMS[stats.problem])
+            elif relay.past_deadline:
+                failure = (Outcome.TIMEOUT, "request_timeout", "the stream did not finish within "
+                           f"{self._config.request_timeout_s:g} s (serve.request_timeout_s)")
+            elif reader.pending:  # the upstream ended the stream
+                failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
+                           "upstream ended the stream in the middle of an event")
+            elif expect_done and not stats.done and stats.error is None:
+                failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
+                           "upstream ended the stream without its final [DONE] event")
         except ConnectionResetError as err:  # the client went away while we wrote to it
             record.outcome = Outcome.CANCELLED
             record.error_type, record.error_message = "client_disconnected", str(err)
@@ -542,7 +489,6 @@ class Proxy:
         except DisconnectedError as err:
             failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_broken", f"upstream stream broke: {err}")
         finally:
-            stall.stop()
             self._stream_stats(reader, record, start_ns)
         if failure is not None:
             upstream.close()

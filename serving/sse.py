@@ -169,6 +169,11 @@ class SseReader:
         return rest
 
     @property
+    def broken(self) -> bool:
+        """The stream cannot be forwarded further: :attr:`StreamStats.problem` says why."""
+        return self.stats.problem is not None
+
+    @property
     def pending(self) -> int:
         """Bytes of an unterminated event held back, waiting for its end."""
         return len(self._buffer)

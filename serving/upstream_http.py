@@ -8,7 +8,8 @@ each connection with its whole body at once, the answer parsed by httptools (llh
 of Node.js and uvicorn), and the connection reused when the answer is complete.
 
 Between :meth:`UpstreamPool.request` and :meth:`UpstreamConnection.release` (or ``close``) a
-connection *is* the answer: ``status``, ``headers``, then ``read_body`` or ``read_some``.
+connection *is* the answer: ``status``, ``headers``, then ``read_body``, ``read_some`` or ``relay``
+(the body handed to a callback from the socket's own callback: no task switch per piece).
 Failures are :class:`UpstreamError` subclasses, so the proxy can name each to its client:
 
 - :class:`ConnectTimeoutError`, :class:`UnreachableError`: no connection;
@@ -22,6 +23,7 @@ import asyncio
 import ssl
 import time
 import zlib
+from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -66,6 +68,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._head: asyncio.Future[None] | None = None  # set when the status line and headers are in
         self._waiter: asyncio.Future[None] | None = None  # set when more of the body came, or the end
+        self._sink: Callable[[bytes], bool] | None = None  # relay(): takes the body as it comes
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._paused = False
@@ -145,6 +148,33 @@ class UpstreamConnection(asyncio.Protocol):
             await self._waiter
         return self._take()
 
+    async def relay(self, sink: Callable[[bytes], bool]) -> bool:
+        """Hand the body to ``sink`` as it arrives, called from the socket's callback, once per socket read.
+
+        What :meth:`read_some` would return, without waking the reading task for each piece: a
+        paced stream (one event per read) costs a future, a task switch and the awaits up the
+        caller's stack less per piece. ``sink`` must not raise; it returns False to stop taking
+        (the caller has something to do, such as waiting for its own client to drain). Returns True
+        at the end of the answer, False when ``sink`` stopped it; raises the connection's failure
+        after the pieces that came before it, like :meth:`read_some`.
+        """
+        if self._chunks and not sink(self._take()):
+            return False
+        while not self.finished:
+            self._sink = sink
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                stopped, self._sink = self._sink is None, None
+            if stopped:
+                return False
+        if self._chunks and not sink(self._take()):  # what the last read brought with a failure or the end
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
     @property
     def finished(self) -> bool:
         """The answer is complete or has failed: nothing more will come."""
@@ -203,7 +233,11 @@ class UpstreamConnection(asyncio.Protocol):
         except httptools.HttpParserError as err:
             self.abort(DisconnectedError(f"the upstream's answer is not well-formed HTTP/1.1: {err}"))
             return
-        if self._chunks:  # one wake-up and one high-water check per socket read, however many chunks
+        if self._chunks and self._sink is not None:  # relay(): handed on now, no wake-up
+            if not self._sink(self._take()):
+                self._sink = None
+                self._wake()
+        elif self._chunks:  # one wake-up and one high-water check per socket read, however many chunks
             self._buffered += len(data)
             if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
                 self._paused = True

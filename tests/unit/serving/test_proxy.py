@@ -332,3 +332,62 @@ async def test_live_token_counts_can_be_turned_off(
     assert fake.requests[0]["body"]["stream_options"] == {"include_usage": True}
     assert len(fake.requests) == 2
     assert fake.tokenize_calls == 0
+
+
+async def test_a_slow_client_gets_a_long_stream_whole(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that reads slowly: the relay waits for its socket to drain, and every event arrives in order."""
+    import socket
+
+    from serving import upstream_http
+
+    fake = FakeOpenAI()
+    upstream = await aiohttp_server(fake.app())
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"))
+    app = build_app(settings, CollectorRegistry())
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # accepted sockets inherit it: the
+    listener.bind(("127.0.0.1", 0))  # kernel holds little, so the sidecar's own writes back up
+    port = listener.getsockname()[1]
+    await web.SockSite(runner, listener).start()
+    relays = 0
+    relay = upstream_http.UpstreamConnection.relay
+
+    async def counted(self: upstream_http.UpstreamConnection, sink: Callable[[bytes], bool]) -> bool:
+        nonlocal relays
+        relays += 1
+        return await relay(self, sink)
+
+    monkeypatch.setattr(upstream_http.UpstreamConnection, "relay", counted)
+    tokens = 20_000  # about 2.5 MB of events
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
+        body = json.dumps({"model": "m", "prompt": "x", "stream": True, "max_tokens": tokens}).encode()
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        await asyncio.sleep(0.5)  # the client reads nothing for a while: the sidecar's writes back up
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+        assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower()
+        events = []
+        while True:  # undo the chunk framing, then split the events
+            size = int((await asyncio.wait_for(reader.readline(), 10.0)).strip(), 16)
+            if size == 0:
+                break
+            events.append(await reader.readexactly(size))
+            assert await reader.readexactly(2) == b"\r\n"
+        writer.close()
+        texts = [json.loads(event[6:])["choices"][0]["text"] for event in b"".join(events).split(b"\n\n")
+                 if event.startswith(b"data: {")]
+        assert texts == [f" w{i}" for i in range(tokens)]
+        assert b"".join(events).endswith(b"data: [DONE]\n\n")
+        assert relays > 1, "the client's socket never filled: the test did not exercise the drain"
+    finally:
+        await runner.cleanup()

@@ -284,3 +284,77 @@ async def _eventually(condition: Callable[[], bool], seconds: float = 2.0) -> bo
             return True
         await asyncio.sleep(0.01)
     return condition()
+
+
+def paced_chunks(pieces: list[bytes], *, then_close: bool = False) -> Answer:
+    """A chunked answer whose head goes out first and each piece 10 ms after the one before."""
+    async def answer(_request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            await asyncio.sleep(0.01)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        if then_close:
+            writer.close()
+        else:
+            writer.write(b"0\r\n\r\n")
+    return answer
+
+
+async def test_relay_hands_each_piece_over_in_the_socket_callback(scripted) -> None:  # type: ignore[no-untyped-def]
+    """No task wakes per piece: the sink runs in the protocol's callback, outside any task."""
+    pieces = [b"data: %d\n\n" % i for i in range(5)]
+    upstream = await scripted(paced_chunks(pieces))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    taken: list[tuple[bytes, bool]] = []
+
+    def sink(piece: bytes) -> bool:
+        taken.append((piece, asyncio.current_task() is None))
+        return True
+
+    assert await answer.relay(sink) is True
+    assert b"".join(piece for piece, _ in taken) == b"".join(pieces)
+    assert len(taken) == len(pieces)
+    assert all(in_callback for _, in_callback in taken)
+    answer.release()
+    assert pool.in_use == 0  # read to its end: back in the pool
+    pool.close()
+
+
+async def test_a_sink_that_stops_gets_the_rest_on_the_next_relay(large_answer) -> None:  # type: ignore[no-untyped-def]
+    """Stopping (a client to drain) pauses the socket at the high-water mark; nothing is lost or reordered."""
+    answer, _upstream = large_answer
+    received: list[bytes] = []
+
+    def stop_after_one(piece: bytes) -> bool:
+        received.append(piece)
+        return False
+
+    assert await answer.relay(stop_after_one) is False
+    await asyncio.sleep(0.2)  # the client drains slowly; the upstream keeps sending until the high-water mark
+    assert sum(map(len, received)) < len(LARGE_BODY)
+    most = 0
+
+    def take(piece: bytes) -> bool:
+        nonlocal most
+        received.append(piece)
+        most = max(most, len(piece))
+        return True
+
+    assert await answer.relay(take) is True
+    assert b"".join(received) == LARGE_BODY
+    assert most < 1024 * 1024, "the socket kept being read while nobody took the data"
+    answer.release()
+
+
+async def test_relay_raises_the_failure_after_the_pieces_before_it(scripted) -> None:  # type: ignore[no-untyped-def]
+    upstream = await scripted(paced_chunks([b"data: 1\n\n", b"data: 2\n\n"], then_close=True))
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    received: list[bytes] = []
+    with pytest.raises(DisconnectedError):
+        await answer.relay(lambda piece: received.append(piece) is None)
+    assert b"".join(received) == b"data: 1\n\ndata: 2\n\n"
+    answer.release()
+    pool.close()

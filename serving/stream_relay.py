@@ -1,0 +1,173 @@
+"""The proxy's hot loop: one SSE answer relayed from the upstream to the client, measured on the way.
+
+Per piece of the stream (everything one socket read brought), the work is: note the time,
+hand the bytes to the :class:`~serving.sse.SseReader` (which counts and times the events and
+returns what to forward), write that to the client. Where that work runs is what this module
+is about. Waking the handler's task for every piece (a future, a task switch, the awaits back
+up the handler's stack) and going through aiohttp's writer cost more than the work itself on a
+stream paced one event per read, as a GPU's decode paces it (BENCHMARKS.md, "Proxy cost
+against peers": about 40 µs per event on the 2-core machine). So once the client has the status
+line and headers, the pieces are handled in the upstream connection's socket callback
+(:meth:`UpstreamConnection.relay`) and written straight to the client's transport with HTTP/1.1
+chunk framing. The task wakes only when the stream ends or fails, when the reader judged it
+broken, when the request ran out of time, when the client went away, and when the client's
+socket is full: then it waits for aiohttp's writer to drain and hands back to the callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+
+from serving.upstream_http import ReadTimeoutError, UpstreamConnection
+
+
+class PieceReader(Protocol):
+    """What the relay hands each piece to: :class:`serving.sse.SseReader` (or a pass-through, for a floor)."""
+
+    def feed(self, data: bytes, now_ns: int) -> bytes:
+        """Take a piece that arrived at ``now_ns``; return the bytes to forward now."""
+
+    @property
+    def broken(self) -> bool:
+        """The stream cannot be forwarded further (the reader forwards nothing more)."""
+
+
+class StallWatch:
+    """``serve.read_timeout_s`` between the reads of a stream, on one timer instead of one per read.
+
+    A timer per read (cancelled and re-armed each time) costs more than the proxy's own work on a
+    chunk (about 3 µs with uvloop on the 2-core machine). Here the relay only notes when it
+    last got data and how many bytes the connection had received by then; one timer, re-armed
+    only when it fires, ends the stream with :class:`ReadTimeoutError` when the upstream has sent
+    nothing for that long. Bytes that came while the relay was busy writing to the client count as
+    the upstream speaking, so a slow client is never taken for a silent upstream.
+    """
+
+    __slots__ = ("_handle", "_loop", "_timeout_ns", "_timeout_s", "_upstream", "bytes_read", "last_read_ns")
+
+    def __init__(self, upstream: UpstreamConnection, timeout_s: float) -> None:
+        self._upstream = upstream
+        self.last_read_ns = time.perf_counter_ns()
+        """When the relay last got data (perf_counter_ns)."""
+        self.bytes_read = upstream.bytes_received
+        """The connection's bytes received by then (the relay takes everything buffered at each read)."""
+        self._timeout_s = timeout_s
+        self._timeout_ns = int(timeout_s * 1e9)
+        self._loop = asyncio.get_running_loop()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(timeout_s, self._check)
+
+    def _check(self) -> None:
+        upstream = self._upstream
+        self._handle = None
+        if upstream.finished:
+            return
+        left_ns = self.last_read_ns + self._timeout_ns - time.perf_counter_ns()
+        if left_ns > 0:
+            self._handle = self._loop.call_later(left_ns / 1e9, self._check)
+        elif upstream.bytes_received != self.bytes_read:  # data waits for the relay (client full): not silent
+            self._handle = self._loop.call_later(self._timeout_s, self._check)
+        else:
+            upstream.abort(ReadTimeoutError(f"silent for {self._timeout_s:g} s in the middle of the stream"))
+
+    def stop(self) -> None:
+        """Drop the timer (the stream ended)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class StreamRelay:
+    """Relays one upstream SSE answer to the client through ``reader``; :meth:`run` does it.
+
+    After :meth:`run` returns, the stream ended one of three ways: the reader judged it broken
+    (``reader.broken``), :attr:`past_deadline`, or the upstream finished its answer
+    (whether completely is the caller's to judge from the reader). Whatever the reader returned
+    for the pieces read by then was written to the client, in order.
+    """
+
+    def __init__(
+        self, upstream: UpstreamConnection, reader: PieceReader, read_timeout_s: float, deadline_ns: int | None,
+    ) -> None:
+        self._upstream = upstream
+        self._reader = reader
+        self._feed = reader.feed
+        self._deadline_ns = deadline_ns
+        self._stall = StallWatch(upstream, read_timeout_s)
+        self._transport: asyncio.Transport | None = None
+        self._protocol: web.RequestHandler | None = None
+        self._chunked = True
+        self.past_deadline = False
+        """The request's total time (``serve.request_timeout_s``) ran out in the middle of the stream."""
+        self.client_gone = False
+        """The client's connection closed under a write."""
+        self._failed: Exception | None = None  # raised in the socket callback; re-raised in the task
+
+    async def run(self, request: web.Request, response: web.StreamResponse, writer: AbstractStreamWriter) -> None:
+        """Relay until the stream ends (see the class); ``response`` is prepared, its head not yet sent.
+
+        Raises:
+            ConnectionResetError: the client went away.
+            ReadTimeoutError: the upstream stayed silent for the read timeout (the stall watch).
+            DisconnectedError: the upstream's connection broke.
+        """
+        upstream = self._upstream
+        try:
+            # Until the first bytes: aiohttp's writer, which sends the status line and headers with them.
+            while chunk := await upstream.read_some():
+                out = self._take(chunk)
+                if out:
+                    await response.write(out)
+                if self._ended():
+                    return
+                if out:
+                    break
+            else:
+                return  # the upstream's answer ended before any event
+            # From then on: the socket callback (see the module's doc), this task waking only to drain.
+            self._transport, self._protocol = request.transport, request.protocol
+            self._chunked = response.headers.get("Transfer-Encoding") == "chunked"  # as aiohttp chose in prepare()
+            while not await upstream.relay(self._relay_piece):
+                if self._failed is not None:
+                    raise self._failed
+                if self.client_gone:
+                    raise ConnectionResetError("the client closed the connection")
+                if self._ended():
+                    return
+                await writer.drain()  # the client's socket is full: wait until it takes more
+        finally:
+            self._stall.stop()
+
+    def _take(self, chunk: bytes) -> bytes:
+        """Time and read one piece; returns what to forward. Runs once per socket read of the upstream."""
+        stall = self._stall
+        now_ns = stall.last_read_ns = time.perf_counter_ns()
+        stall.bytes_read = self._upstream.bytes_received
+        if self._deadline_ns is not None and now_ns > self._deadline_ns:
+            self.past_deadline = True
+        return self._feed(chunk, now_ns)
+
+    def _ended(self) -> bool:
+        return self.past_deadline or self._reader.broken
+
+    def _relay_piece(self, chunk: bytes) -> bool:
+        """The upstream connection's sink (called from its socket callback): read, write, go on or stop."""
+        try:
+            out = self._take(chunk)
+        except Exception as err:  # a bug here must fail this request in its task, not the socket callback
+            self._failed = err
+            return False
+        if out:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                self.client_gone = True
+                return False
+            # One HTTP/1.1 chunk per piece, as aiohttp's writer frames it (unframed for an HTTP/1.0 client)
+            transport.write(b"%x\r\n%b\r\n" % (len(out), out) if self._chunked else out)
+            if self._protocol is not None and self._protocol.writing_paused:
+                return False  # the client's socket is full: the task waits for it to drain
+        return not self._ended()
