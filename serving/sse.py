@@ -116,7 +116,21 @@ class SseReader:
         pieces: list[bytes] = []
         start = pos = 0  # start of the run of unchanged events not yet in pieces; start of this event
         counted = 0  # content events met and not yet added to the stats (all arrived at now_ns)
-        for body in events:
+        bulk = one_line_each  # the run of plain content events up to clean_until may be counted at once
+        index = 0
+        while index < len(events):
+            if bulk and stats.first_content_ns is not None:
+                # A whole stream in one read (an upstream faster than us): after the first content
+                # event, the events before the first "usage" or "error" are counted in bulk.
+                bulk = False
+                run_end, events_in_run = _running_run(buffer, pos, clean_until, complete)
+                if events_in_run:
+                    counted += events_in_run
+                    pos = run_end
+                    index += events_in_run
+                    continue
+            body = events[index]
+            index += 1
             end = pos + len(body) + 2
             payload: bytes | None = None  # the JSON of a one-line data event
             if body.startswith(b"data: {") and (one_line_each or body.find(b"\n") < 0):
@@ -265,6 +279,25 @@ class SseReader:
             if self._strip_usage_field:
                 return _without_usage(raw, obj)
         return raw
+
+
+def _running_run(buffer: bytes, start: int, limit: int, complete: int) -> tuple[int, int]:
+    """The end and number of the events from ``start`` that are all running ``data: {...}`` lines ending
+    before ``limit``; ``(start, 0)`` when none are. Tried: all the events before ``limit``, and all but the
+    last; the latter first when ``limit`` is a usage or error event (before the read's ``complete`` end),
+    since the event before that is, as a rule, the one with the finish_reason."""
+    end = buffer.rfind(b"\n\n", start, limit) + 2
+    if end <= start + 1:
+        return start, 0
+    but_last = buffer.rfind(b"\n\n", start, end - 2) + 2
+    for run_end in (but_last, end) if limit < complete else (end, but_last):
+        if run_end <= start + 1:
+            continue
+        run = buffer[start:run_end]
+        events = run.count(b"\n\n")
+        if run.count(b"data: {") == events and run.count(_RUNNING) + run.count(_RUNNING_SPACED) == events:
+            return run_end, events
+    return start, 0
 
 
 def _first(data: bytes, needle: bytes, end: int) -> int:
