@@ -6,12 +6,13 @@ returns what to forward), write that to the client. Where that work runs is what
 is about. Waking the handler's task for every piece (a future, a task switch, the awaits back
 up the handler's stack) and going through aiohttp's writer cost more than the work itself on a
 stream paced one event per read, as a GPU's decode paces it (BENCHMARKS.md, "Proxy cost
-against peers": about 40 µs per event on the 2-core machine). So once the client has the status
-line and headers, the pieces are handled in the upstream connection's socket callback
-(:meth:`UpstreamConnection.relay`) and written straight to the client's transport with HTTP/1.1
-chunk framing. The task wakes only when the stream ends or fails, when the reader judged it
-broken, when the request ran out of time, when the client went away, and when the client's
-socket is full: then it waits for aiohttp's writer to drain and hands back to the callback.
+against peers": about 40 µs per event on the 2-core machine). So the pieces are handled in the
+upstream connection's socket callback (:meth:`UpstreamConnection.relay`) and written straight to
+the client's transport with HTTP/1.1 chunk framing, after aiohttp sent the status line and
+headers (``StreamResponse.prepare``). The task wakes only when the stream ends or fails, when
+the reader judged it broken, when the request ran out of time, when the client went away, and
+when the client's socket is full: then it waits for aiohttp's writer to drain and hands back to
+the callback.
 """
 
 from __future__ import annotations
@@ -108,30 +109,18 @@ class StreamRelay:
         self._failed: Exception | None = None  # raised in the socket callback; re-raised in the task
 
     async def run(self, request: web.Request, response: web.StreamResponse, writer: AbstractStreamWriter) -> None:
-        """Relay until the stream ends (see the class); ``response`` is prepared, its head not yet sent.
+        """Relay until the stream ends (see the class); ``response`` is prepared (a stream's head goes out then).
 
         Raises:
             ConnectionResetError: the client went away.
             ReadTimeoutError: the upstream stayed silent for the read timeout (the stall watch).
             DisconnectedError: the upstream's connection broke.
         """
-        upstream = self._upstream
+        self._transport, self._protocol = request.transport, request.protocol
+        self._chunked = response.headers.get("Transfer-Encoding") == "chunked"  # as aiohttp chose in prepare()
         try:
-            # Until the first bytes: aiohttp's writer, which sends the status line and headers with them.
-            while chunk := await upstream.read_some():
-                out = self._take(chunk)
-                if out:
-                    await response.write(out)
-                if self._ended():
-                    return
-                if out:
-                    break
-            else:
-                return  # the upstream's answer ended before any event
-            # From then on: the socket callback (see the module's doc), this task waking only to drain.
-            self._transport, self._protocol = request.transport, request.protocol
-            self._chunked = response.headers.get("Transfer-Encoding") == "chunked"  # as aiohttp chose in prepare()
-            while not await upstream.relay(self._relay_piece):
+            # The socket callback does the work (see the module's doc); this task wakes to drain or at the end.
+            while not await self._upstream.relay(self._relay_piece):
                 if self._failed is not None:
                     raise self._failed
                 if self.client_gone:
