@@ -338,14 +338,15 @@ def main() -> int:
         "",
         *gap_lines(unpaced, paced),
         "",
-        "Why the rest stays in this design: the sidecar's own work is many small pieces, each a library doing "
-        "its job once per request (the OpenTelemetry span, prometheus_client's observations with their locks and "
-        "exemplars, the request record and its log sampling, the JSON body and admission, the SSE reader), with "
-        "no single piece large enough to cut the gap by itself (\"Proxy CPU by component\" has the split). Where "
-        "the floor alone is over a target, the cost is aiohttp's server (request objects, routing, response "
-        "headers and writer), which only a protocol-level front for `/v1/*` would remove: the raw relay shows "
-        "what that buys, and it would have to give back the limits, timeouts, cancellation and error answers "
-        "the reliability tests hold aiohttp's server to.",
+        "What the sidecar's own work is: many small pieces, each a library doing its job once per request (the "
+        "OpenTelemetry span, prometheus_client's observations with their locks and exemplars, the request record "
+        "and its log sampling, the JSON body and admission, the SSE reader); \"Proxy CPU by component\" has the "
+        "split. A target that needs a small share of it cut is within reach of trimming those pieces. Where the "
+        "floor alone is over a target, or a target would need most of the own work gone, the cost that stays is "
+        "aiohttp's server (request objects, routing, response headers and writer) under a Python request path: "
+        "only a protocol-level front for `/v1/*` would remove it. The raw relay shows what that buys; such a "
+        "front would have to give back the limits, timeouts, cancellation and error answers the reliability "
+        "tests hold aiohttp's server to.",
         "",
         f"Where the CPU goes, per request and per chunk: streams of {SPLIT_CHUNKS[0]} and {SPLIT_CHUNKS[1]} "
         "chunks at concurrency 16, unpaced, CPU per request = fixed + per chunk × chunks solved from the two:",

@@ -36,6 +36,7 @@ BENCH = ROOT.parent / "shared" / "tools" / "peer_proxy_bench.py"
 SECTION = "Proxy CPU by component"
 COMPONENTS = (  # first match wins: (component, substrings of the function's file path)
     ("SSE reader (serving/sse.py)", ("serving/sse.py",)),
+    ("stream relay (serving/stream_relay.py)", ("serving/stream_relay.py",)),
     ("proxy request path (serving/proxy.py, admission, body checks)",
      ("serving/proxy.py", "serving/admission.py", "serving/body_checks.py", "serving/errors.py")),
     ("tracing (serving/tracing.py, OpenTelemetry)", ("serving/tracing.py", "opentelemetry")),
