@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from serving.body_checks import LONG_LIST, ORJSON_MAX_DEPTH, BodyError, _deeper_than, decode_json_object
+from serving.body_checks import ORJSON_MAX_DEPTH, BodyError, _deeper_than, decode_json_object
+
+LONG_PROMPT = 4096
+"""Token ids in a long prompt."""
 
 
 def _problem(body: bytes, max_depth: int = 64) -> str:
@@ -142,29 +145,29 @@ def test_depth_is_the_deepest_branch_not_the_first() -> None:
 
 
 def test_a_long_token_id_list_in_a_shallow_body_is_accepted() -> None:
-    """A prompt of token ids longer than LONG_LIST in a shallow body decodes."""
-    prompt = list(range(LONG_LIST + 1))
+    """A prompt of many token ids in a shallow body decodes."""
+    prompt = list(range(LONG_PROMPT))
     assert decode_json_object(orjson.dumps({"prompt": prompt}), 2) == {"prompt": prompt}
 
 
 def test_a_long_list_does_not_hide_deep_nesting() -> None:
-    """With more opening brackets than the limit, the walk goes on past a long list and finds the deep branch."""
-    body = orjson.dumps({"deep": [[[[1]]]], "prompt": list(range(LONG_LIST + 1))})  # the long list is walked first
+    """With more opening brackets than the limit, the walk goes past a long list and finds the deep branch."""
+    body = orjson.dumps({"deep": [[[[1]]]], "prompt": list(range(LONG_PROMPT))})
     assert _problem(body, 4) == "body is nested deeper than 4 levels"
 
 
-def test_at_a_long_list_the_bracket_count_decides() -> None:
-    """Meeting a long list, the walk stops looking when the body has too few opening brackets to be too deep."""
-    payload = {"deep": [[[[1]]]], "prompt": list(range(LONG_LIST + 1))}
-    assert not _deeper_than(payload, b"{[[[", 4)
-    assert _deeper_than(payload, b"{[[[[", 4)
-    assert _deeper_than({"deep": [[[[1]]]], "prompt": list(range(LONG_LIST))}, b"{", 4)
+def test_the_bracket_count_decides_first_and_the_walk_only_past_it() -> None:
+    """At most ``limit`` opening brackets in the body: not too deep, unwalked; more: the decoded objects decide."""
+    deep = {"deep": [[[[1]]]]}
+    assert not _deeper_than(deep, b"{[[[", 4)  # four brackets cannot make five levels (the count alone)
+    assert _deeper_than(deep, b"{[[[[", 4)
+    assert not _deeper_than({"shallow": [[1]]}, b"{[[[[[", 4)  # the walk finds three levels
 
 
 def test_brackets_inside_strings_do_not_count_as_depth() -> None:
-    """Brackets in text beside a long list are counted, and the walk still finds the body shallow."""
-    body = orjson.dumps({"prompt": "[{" * 100, "ids": list(range(LONG_LIST + 1))})
-    assert decode_json_object(body, 2) == {"prompt": "[{" * 100, "ids": list(range(LONG_LIST + 1))}
+    """Brackets in text make the count too high, and the walk still finds the body shallow."""
+    body = orjson.dumps({"prompt": "[{" * 100, "ids": list(range(LONG_PROMPT))})
+    assert decode_json_object(body, 2) == {"prompt": "[{" * 100, "ids": list(range(LONG_PROMPT))}
 
 
 @pytest.mark.parametrize("max_depth", [64, ORJSON_MAX_DEPTH, 5000])
