@@ -8,8 +8,8 @@ each connection with its whole body at once, the answer parsed by httptools (llh
 of Node.js and uvicorn), and the connection reused when the answer is complete.
 
 Between :meth:`UpstreamPool.request` and :meth:`UpstreamConnection.release` (or ``close``) a
-connection *is* the answer: ``status``, ``headers``, then ``read_body``, ``read_some`` or ``relay``
-(the body handed to a callback from the socket's own callback: no task switch per piece).
+connection *is* the answer: ``status``, ``headers``, then ``read_body`` (the whole body) or ``relay``
+(the body handed on piece by piece from the socket's own callback: no task switch per piece).
 Failures are :class:`UpstreamError` subclasses, so the proxy can name each to its client:
 
 - :class:`ConnectTimeoutError`, :class:`UnreachableError`: no connection;
@@ -133,30 +133,17 @@ class UpstreamConnection(asyncio.Protocol):
         pieces.append(self._take())
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    async def read_some(self) -> bytes:
-        """Everything that came since the last call, waiting for something if nothing did; ``b""`` at the end.
-
-        The body's pieces come before a failure that followed them. Silence is not watched here:
-        the proxy's stall watch calls :meth:`abort` (one timer per stream, not one per read).
-        """
-        while not self._chunks:
-            if self._error is not None:
-                raise self._error
-            if self._complete:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._take()
-
     async def relay(self, sink: Callable[[bytes], bool]) -> bool:
         """Hand the body to ``sink`` as it arrives, called from the socket's callback, once per socket read.
 
-        What :meth:`read_some` would return, without waking the reading task for each piece: a
-        paced stream (one event per read) costs a future, a task switch and the awaits up the
-        caller's stack less per piece. ``sink`` must not raise; it returns False to stop taking
-        (the caller has something to do, such as waiting for its own client to drain). Returns True
-        at the end of the answer, False when ``sink`` stopped it; raises the connection's failure
-        after the pieces that came before it, like :meth:`read_some`.
+        Each call gets everything that came since the last one (what was buffered first), without
+        waking the calling task: a paced stream (one event per read) costs a future, a task switch
+        and the awaits up the caller's stack less per piece. ``sink`` must not raise; it returns
+        False to stop taking (the caller has something to do, such as waiting for its own client
+        to drain; the socket pauses at ``HIGH_WATER_BYTES`` meanwhile). Returns True at the end of
+        the answer, False when ``sink`` stopped it; raises the connection's failure after the
+        pieces that came before it. Silence is not watched here: the proxy's stall watch calls
+        :meth:`abort` (one timer per stream, not one per read).
         """
         if self._chunks and not sink(self._take()):
             return False
