@@ -32,13 +32,20 @@ class InFlight:
     started_ns: int = 0
     """When the request entered the table (``time.monotonic_ns``: one clock for every process of the host)."""
     generating: bool = False
-    """Its tokens are coming (a stream that has had content): vLLM is running it, whatever its place in line."""
+    """Its tokens are coming (a stream with content lately): vLLM is running it, whatever its place in line."""
+
+
+GENERATING_WITHIN_NS = 2_000_000_000
+"""A stream whose last content chunk came within this long is taken as running in vLLM. One whose tokens
+stopped (preempted: back in vLLM's queue with its blocks freed, though it has had content) is not."""
 
 
 class ContentCounter(Protocol):
-    """What a stream's statistics offer: the content chunks seen so far (one token each)."""
+    """What a stream's statistics offer: the content chunks seen so far (one token each), and when the last came."""
 
     content_events: int
+    last_content_ns: int | None
+    """``time.perf_counter_ns`` of the latest content chunk."""
 
 
 class InFlightTokens:
@@ -76,10 +83,12 @@ class InFlightTokens:
 
     def local_snapshot(self) -> list[InFlight]:
         """A copy of this process's entries, in start order."""
-        out = []
+        out, now_ns = [], time.perf_counter_ns()
         for model, tokens, stream, started in list(self._table.values()):
-            generated = stream.content_events if stream is not None else 0  # type: ignore[attr-defined]
-            out.append(InFlight(str(model), int(tokens) + int(generated), started, generated > 0))  # type: ignore[call-overload, arg-type, operator]
+            generated, last = (stream.content_events, stream.last_content_ns) if stream is not None \
+                else (0, None)  # type: ignore[attr-defined]
+            generating = last is not None and now_ns - last < GENERATING_WITHIN_NS
+            out.append(InFlight(str(model), int(tokens) + int(generated), started, generating))  # type: ignore[call-overload, arg-type, operator]
         return out
 
     def set_remote(self, source: str, entries: list[InFlight], *, ttl_s: float) -> None:
