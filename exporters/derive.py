@@ -276,7 +276,8 @@ def running_entries(entries: Sequence[InFlight], running: float | None) -> Seque
     vLLM schedules first come, first served, and a preempted request goes back to the head of the
     queue: the requests that wait hold no KV block. The order in which the sidecar saw the requests
     start (their status lines) need not be the order vLLM admitted them, so a stream whose tokens are
-    coming counts as running before an older one still waiting. With the running count unknown, all.
+    coming (``InFlight.generating``: one lately, so not a preempted one) counts as running before an
+    older one still waiting. With the running count unknown, all.
     """
     if running is None:
         return entries

@@ -135,9 +135,10 @@ KV_INFLIGHT_TOKENS = MetricSpec(
 )
 KV_INFLIGHT_BLOCKS = MetricSpec(
     "inferwatch_kv_cache_inflight_blocks", G,
-    "Estimated KV-cache blocks held by the requests vLLM is running: sum(ceil(tokens / block_size)) over the "
-    "oldest vllm:num_requests_running requests in flight (vLLM schedules first come, first served; requests "
-    "still queued hold no block).",
+    "Estimated KV-cache blocks held by the requests vLLM is running: sum(ceil(tokens / block_size)) over "
+    "vllm:num_requests_running of the requests in flight, the streams receiving tokens (one in the last 2 s) "
+    "first, then the oldest (vLLM schedules first come, first served; requests still queued, or preempted "
+    "back into the queue, hold no block).",
     M, "blocks",
 )
 KV_FRAGMENTATION = MetricSpec(
