@@ -85,9 +85,10 @@ class InFlightTokens:
         """A copy of this process's entries, in start order."""
         out, now_ns = [], time.perf_counter_ns()
         for model, tokens, stream, started in list(self._table.values()):
-            generated, last = (stream.content_events, stream.last_content_ns) if stream is not None \
-                else (0, None)  # type: ignore[attr-defined]
-            generating = last is not None and now_ns - last < GENERATING_WITHIN_NS
+            generated, generating = 0, False
+            if stream is not None:
+                generated, last = stream.content_events, stream.last_content_ns  # type: ignore[attr-defined]
+                generating = last is not None and now_ns - last < GENERATING_WITHIN_NS
             out.append(InFlight(str(model), int(tokens) + int(generated), started, generating))  # type: ignore[call-overload, arg-type, operator]
         return out
 
