@@ -1,10 +1,13 @@
-"""A histogram that takes a whole request's observations at once: the inter-token gaps.
+"""The request path's histogram: one lock per observation, or per request for its inter-token gaps.
 
 A streamed request has one gap per content chunk, so prometheus_client's ``Histogram`` would
 take a lock and scan its buckets once per chunk. This collector is handed the request's gaps
 when it ends: a local tally (one bisect per gap, or per bucket edge over the sorted gaps), then
-one locked merge. It exposes the same family a ``Histogram`` would (cumulative ``_bucket``,
-``_count``, ``_sum``; the latest exemplar per bucket for OpenMetrics), built from the catalog spec.
+one locked merge. A single value (TTFT, end-to-end latency, token counts) is one bisect and one
+locked update, where the library's ``Histogram`` walks its bounds in Python and takes a lock for
+the sum, another for the bucket and a third for the exemplar. It exposes the same family a
+``Histogram`` would (cumulative ``_bucket``, ``_count``, ``_sum``; the latest exemplar per bucket
+for OpenMetrics), built from the catalog spec.
 """
 
 from __future__ import annotations
@@ -68,8 +71,14 @@ class _Child:
                 self._exemplars[bisect.bisect_left(bounds, last)] = marker
 
     def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
-        """Add one value."""
-        self.observe_many((value,), exemplar)
+        """Add one value; ``exemplar`` is attached to its bucket."""
+        index = bisect.bisect_left(self._bounds, value)  # the first bound >= value: Prometheus' le
+        marker = Exemplar(exemplar, value, time.time()) if exemplar else None
+        with self._lock:
+            self._counts[index] += 1
+            self._sum += value
+            if marker is not None:
+                self._exemplars[index] = marker
 
     def snapshot(self) -> tuple[list[int], list[Exemplar | None], float]:
         with self._lock:
@@ -77,7 +86,7 @@ class _Child:
 
 
 class BatchHistogram:
-    """A labelled histogram family fed a request's observations at once; registered like any collector."""
+    """A labelled histogram family fed one value or a request's values at once; registered like any collector."""
 
     def __init__(self, spec: MetricSpec, registry: CollectorRegistry | None) -> None:
         self._spec = spec

@@ -36,6 +36,37 @@ def test_same_samples_as_a_histogram_fed_one_value_at_a_time(requests: list[tupl
     assert _samples(ours) == _samples(theirs)
 
 
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.one_of(
+    st.floats(0, 100), st.integers(0, 5000), st.sampled_from(SPEC.buckets or (0.1,))
+)), max_size=40))
+def test_single_observations_give_the_samples_of_a_histogram(values: list[tuple[str, float]]) -> None:
+    """One value at a time (latencies, token counts), bounds included: the library Histogram's samples."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram(SPEC, ours)
+    reference = Histogram(SPEC.name, SPEC.help, SPEC.labels, registry=theirs, buckets=SPEC.buckets or ())
+    for model, value in values:
+        batch.labels(model, "/v1/completions", "le512").observe(value)
+        reference.labels(model, "/v1/completions", "le512").observe(value)
+    assert _samples(ours) == _samples(theirs)
+
+
+def test_a_single_observation_carries_its_exemplar_like_the_library() -> None:
+    """OpenMetrics exemplar lines of single observations equal prometheus_client's, timestamps aside."""
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram(SPEC, ours)
+    reference = Histogram(SPEC.name, SPEC.help, SPEC.labels, registry=theirs, buckets=SPEC.buckets or ())
+    for value, trace in ((0.004, "ab"), (0.3, "cd"), (0.25, "ef"), (1e6, "01")):
+        batch.labels("m", "/v1/completions", "le512").observe(value, {"trace_id": trace * 16})
+        reference.labels("m", "/v1/completions", "le512").observe(value, {"trace_id": trace * 16})
+
+    def exemplars(registry: CollectorRegistry) -> list[str]:
+        return [line.rsplit(" ", 1)[0] for line in openmetrics(registry).decode().splitlines() if "# {" in line]
+
+    assert exemplars(ours) == exemplars(theirs)
+    assert len(exemplars(ours)) == 3  # 0.3 and 0.25 share a bucket: the latest wins
+
+
 def test_the_exemplar_marks_the_last_gap_of_the_request() -> None:
     """OpenMetrics shows the trace id on the bucket of the request's last observation."""
     registry = CollectorRegistry()
