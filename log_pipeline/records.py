@@ -46,13 +46,19 @@ def format_ts(unix_s: float) -> str:
     return f"{_second_text(seconds)}.{millis:03d}Z"
 
 
-def _ms(seconds: float | None) -> float | None:
+def milliseconds(seconds: float | None) -> float | None:
+    """Seconds as milliseconds rounded to 0.1 ms, as the event carries them."""
     return None if seconds is None else round(seconds * 1000.0, 1)
 
 
 def level_of(outcome: Outcome) -> str:
     """``info`` for ok, ``warning`` for client errors and cancellations, ``error`` otherwise."""
     return _LEVELS.get(outcome, "error")
+
+
+def is_slow(record: RequestRecord, sla_s: float | None) -> bool:
+    """The event's ``slow``: ``sla_s`` is set and the request took longer."""
+    return sla_s is not None and record.e2e_s is not None and record.e2e_s > sla_s
 
 
 def event_from_record(
@@ -81,15 +87,15 @@ def event_from_record(
         "http_status": record.http_status,
         "prompt_tokens": record.prompt_tokens,
         "completion_tokens": record.completion_tokens,
-        "ttft_ms": _ms(record.ttft_s),
-        "itl_ms": _ms(record.mean_itl_s),
-        "e2e_ms": _ms(e2e_s),
-        "queue_ms": _ms(record.accept_s),
+        "ttft_ms": milliseconds(record.ttft_s),
+        "itl_ms": milliseconds(record.mean_itl_s),
+        "e2e_ms": milliseconds(e2e_s),
+        "queue_ms": milliseconds(record.accept_s),
         "finish_reason": record.finish_reason,
         "length_bucket": record.length_bucket,
         "upstream": record.upstream,
         "stream": record.stream,
-        "slow": sla_s is not None and e2e_s is not None and e2e_s > sla_s,
+        "slow": is_slow(record, sla_s),
         "schema_version": SCHEMA_VERSION,
     }
     if outcome is not Outcome.OK or record.error_type or record.error_message:
@@ -98,9 +104,9 @@ def event_from_record(
         event["error_message"] = message[:_MAX_ERROR_CHARS] if message else message
     engine = record.engine
     if engine is not None:  # vLLM's own numbers, joined from the stat-logger plugin
-        event["engine_queue_ms"] = _ms(engine.queued_s)
-        event["engine_prefill_ms"] = _ms(engine.prefill_s)
-        event["engine_decode_ms"] = _ms(engine.decode_s)
+        event["engine_queue_ms"] = milliseconds(engine.queued_s)
+        event["engine_prefill_ms"] = milliseconds(engine.prefill_s)
+        event["engine_decode_ms"] = milliseconds(engine.decode_s)
         event["engine_preemptions"] = engine.preemptions
         event["engine_cached_tokens"] = engine.cached_tokens
     if capture_prompt_hash and record.prompt_hash is not None:

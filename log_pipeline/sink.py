@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
+from exporters.records import Outcome, RequestRecord
 from log_pipeline.archive import ArchiveWriter
 from log_pipeline.config import LogConfig
 from log_pipeline.metrics import (
@@ -27,6 +28,7 @@ from log_pipeline.metrics import (
     DROP_SAMPLING,
     PipelineMetrics,
 )
+from log_pipeline.records import event_from_record, is_slow, milliseconds
 from log_pipeline.sampling import Decision, Sampler
 from log_pipeline.worker import stop_worker
 
@@ -77,10 +79,37 @@ class RecordSink:
         """The sampling decision for an event (pure: the proxy may call it for the span attribute)."""
         return self.sampler.decide_event(event, slow_after_ms=self._slow_after_ms)
 
-    def _admit(self, event: Mapping[str, Any], decision: Decision | None) -> tuple[Decision, str | None]:
+    def decide_request(self, record: RequestRecord, *, sla_s: float | None) -> Decision:
+        """What :meth:`decide` answers for the request's event, without building the event."""
+        outcome = record.outcome if type(record.outcome) is Outcome else Outcome(record.outcome)
+        slow = is_slow(record, sla_s)
+        if not slow and self._slow_after_ms > 0:
+            e2e_ms = milliseconds(record.e2e_s)
+            slow = e2e_ms is not None and e2e_ms > self._slow_after_ms
+        return self.sampler.decide(record.trace_id, is_error=outcome is not Outcome.OK, slow=slow)
+
+    def offer_request(
+        self, record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
+    ) -> tuple[Decision, dict[str, Any] | None]:
+        """Decide on a finished request, build its event only when it is kept, and :meth:`offer` it.
+
+        Sampling drops most successes (all but ``success_sample_ratio`` of them), and theirs are never
+        built. Returns the decision and the event (None when dropped), never blocking.
+        """
+        decision = self.decide_request(record, sla_s=sla_s)
+        if not decision.keep:
+            self._admit(None, decision)  # counted as seen and dropped, like an offered event
+            return decision, None
+        event = event_from_record(record, sla_s=sla_s, capture_prompt_hash=capture_prompt_hash)
+        self.offer(event, decision)
+        return decision, event
+
+    def _admit(self, event: Mapping[str, Any] | None, decision: Decision | None) -> tuple[Decision, str | None]:
         """Count the event as seen; return its decision and why it is not to be queued (None: queue it)."""
         self.metrics.seen.inc()
-        decision = decision or self.decide(event)
+        if decision is None:
+            assert event is not None, "an event or its decision"
+            decision = self.decide(event)
         if not decision.keep:
             why: str | None = DROP_SAMPLING
         elif not self.archiving:

@@ -21,7 +21,6 @@ from exporters.genai_metrics import GenAiServerMetrics
 from exporters.inflight import InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
-from log_pipeline.records import event_from_record
 from log_pipeline.sampling import SPAN_ATTRIBUTE
 from log_pipeline.shipper import RecordShipper
 from log_pipeline.sink import RecordSink
@@ -105,12 +104,10 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         app[SHIPPER] = shipper
 
     def observe_logs(record: RequestRecord, span: Span) -> None:
-        event = event_from_record(record, sla_s=settings.rules.sla_for(record.model),
-                                  capture_prompt_hash=settings.logs.capture_prompt_hash)
-        decision = sink.decide(event)
+        decision, event = sink.offer_request(record, sla_s=settings.rules.sla_for(record.model),
+                                             capture_prompt_hash=settings.logs.capture_prompt_hash)
         span.set_attribute(SPAN_ATTRIBUTE, decision.keep)
-        sink.offer(event, decision)
-        if shipper is not None and decision.keep:
+        if shipper is not None and event is not None:
             shipper.offer(event)  # the same kept records, to the user's log backend
 
     def observe_health(record: RequestRecord, _span: Span) -> None:

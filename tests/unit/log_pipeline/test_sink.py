@@ -6,12 +6,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from exporters.catalog import pipeline as cat
 from exporters.catalog.spec import MetricSpec
+from exporters.records import Outcome, RequestRecord
 from log_pipeline.config import LogConfig
 from log_pipeline.query import Archive
+from log_pipeline.records import event_from_record
 from log_pipeline.sampling import Decision
 from log_pipeline.sink import RecordSink
 from tests.unit.log_pipeline.conftest import make_records
@@ -109,3 +113,41 @@ class TestWriterThread:
         sink.offer(make_records(1)[0])
         sink.close(5.0)
         assert len(list(Archive(tmp_path).records())) == 2
+
+
+class TestOfferRequest:
+    """The proxy's path: decide on the finished request first, build the event only when it is kept."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        outcome=st.sampled_from(list(Outcome)),
+        e2e_s=st.one_of(st.none(), st.floats(0, 30), st.sampled_from([2.0, 2.00004, 2.00006, 5.0])),
+        sla_s=st.one_of(st.none(), st.sampled_from([1.0, 5.0])),
+        slow_request_s=st.sampled_from([0.0, 2.0]),
+        ratio=st.sampled_from([0.0, 0.05, 1.0]),
+        trace_id=st.one_of(st.from_regex(r"[0-9a-f]{32}", fullmatch=True), st.text(max_size=8)),
+    )
+    def test_the_decision_is_the_one_its_event_would_get(
+        self, outcome: Outcome, e2e_s: float | None, sla_s: float | None, slow_request_s: float, ratio: float,
+        trace_id: str,
+    ) -> None:
+        """Error, slow (the SLA, or serve's slow threshold on the event's rounded e2e_ms) and the ratio."""
+        sink, _ = _sink(None, success_sample_ratio=ratio, slow_request_s=slow_request_s)
+        record = RequestRecord(trace_id=trace_id, span_id="1" * 16, route="/v1/completions", outcome=outcome,
+                               e2e_s=e2e_s, start_unix=1_754_568_000.0)
+        assert sink.decide_request(record, sla_s=sla_s) == sink.decide(event_from_record(record, sla_s=sla_s))
+
+    def test_dropped_requests_are_counted_and_never_built_kept_ones_are_queued(self, tmp_path: Path) -> None:
+        """Seen = kept + dropped as with offer(); the event comes back only for a kept request."""
+        sink, registry = _sink(tmp_path, queue_size=100, success_sample_ratio=0.0)
+        ok = RequestRecord(trace_id="ab" * 16, span_id="1" * 16, route="/v1/completions", e2e_s=0.1)
+        failed = RequestRecord(trace_id="cd" * 16, span_id="2" * 16, route="/v1/completions", e2e_s=0.1,
+                               outcome=Outcome.TIMEOUT, error_type="upstream_timeout")
+        assert sink.offer_request(ok, sla_s=None) == (Decision(False, "dropped_sampling"), None)
+        decision, event = sink.offer_request(failed, sla_s=None)
+        assert decision == Decision(True, "error")
+        assert event == event_from_record(failed, sla_s=None)
+        assert _value(registry, cat.LOG_RECORDS_SEEN) == 2
+        assert _value(registry, cat.LOG_RECORDS_DROPPED, reason="sampling") == 1
+        assert _value(registry, cat.LOG_RECORDS_KEPT, reason="error") == 1
+        assert _value(registry, cat.LOG_QUEUE_RECORDS) == 1
