@@ -65,22 +65,24 @@ class Admission:
 
     async def read_body(self, request: web.Request) -> bytes:
         """The whole body, within ``serve.max_body_bytes`` (else 413) and ``serve.client_body_timeout_s`` (408)."""
-        limit = self._config.max_body_bytes
-        too_large = Refusal(413, Outcome.CLIENT_ERROR, "request_too_large",
-                            f"request body is larger than {limit} bytes (serve.max_body_bytes)")
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
+        length = request.content_length
+        if length is not None and length > self._config.max_body_bytes:
+            raise self._too_large()
         try:
             if request.content.is_eof():  # the body came with the headers (most requests): no timer needed
                 return await request.read()
             async with asyncio.timeout(self._config.client_body_timeout_s):
                 return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise too_large from None
+            raise self._too_large() from None
         except TimeoutError:
             raise Refusal(408, Outcome.CLIENT_ERROR, "request_timeout",
                           f"request body did not arrive within {self._config.client_body_timeout_s:g} s "
                           "(serve.client_body_timeout_s)") from None
+
+    def _too_large(self) -> Refusal:
+        return Refusal(413, Outcome.CLIENT_ERROR, "request_too_large",
+                       f"request body is larger than {self._config.max_body_bytes} bytes (serve.max_body_bytes)")
 
     def check_signature(self, request: web.Request, body: bytes) -> None:
         """With a key configured, refuse with 401 a request whose HMAC signature is missing, wrong or stale."""
