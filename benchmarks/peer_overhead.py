@@ -207,22 +207,24 @@ def floor_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
 
 
 def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
-    """For each missed CPU target: how far off it is, and whether cutting inferwatch's own work could close it."""
+    """For each missed CPU target: how far off it is, and whether cutting inferwatch's own work, or a front
+    without aiohttp's server (as light as the raw relay), could close it."""
     lines = []
     for name, cpu, allowed in missed_cells(unpaced, paced):
         ours, bare, relay = cpu["inferwatch"], cpu["bare-forwarder"], cpu["raw-relay"]
+        room, own = allowed - relay, ours - bare
+        front = (f"a front without aiohttp's server (the raw relay is {room:,.0f} µs under the target) would "
+                 f"leave {room:,.0f} µs for the {own:,.0f} µs of own work, "
+                 + ("enough" if room >= own else f"which would then have to shrink by {(own - room) / own:.0%}"))
         if bare > allowed:
-            room, own = allowed - relay, ours - bare
-            then = "enough" if room >= own else f"which would then have to shrink by {(own - room) / own:.0%}"
             lines.append(
                 f"- {name}: {ours - allowed:,.0f} µs per request over the target; the floor alone is "
-                f"{bare - allowed:,.0f} µs over it, so no cut in the sidecar's own work meets it; a front without "
-                f"aiohttp's server (the raw relay is {room:,.0f} µs under the target) would leave {room:,.0f} µs "
-                f"for the {own:,.0f} µs of own work, {then}.")
+                f"{bare - allowed:,.0f} µs over it, so no cut in the sidecar's own work meets it; {front}.")
         else:
+            share = (ours - allowed) / own
             lines.append(
                 f"- {name}: {ours - allowed:,.0f} µs per request over the target: the sidecar's own work "
-                f"({ours - bare:,.0f} µs) would have to shrink by {(ours - allowed) / (ours - bare):.0%}.")
+                f"({own:,.0f} µs) would have to shrink by {share:.0%}" + (f"; else {front}." if share > 0.5 else "."))
     return lines
 
 
@@ -342,15 +344,15 @@ def main() -> int:
         "",
         *gap_lines(unpaced, paced),
         "",
-        "What the sidecar's own work is: many small pieces, each a library doing its job once per request (the "
-        "OpenTelemetry span, prometheus_client's observations with their locks and exemplars, the request record "
-        "and its log sampling, the JSON body and admission, the SSE reader); \"Proxy CPU by component\" has the "
-        "split. A target that needs a small share of it cut is within reach of trimming those pieces. Where the "
-        "floor alone is over a target, or a target would need most of the own work gone, the cost that stays is "
-        "aiohttp's server (request objects, routing, response headers and writer) under a Python request path: "
-        "only a protocol-level front for `/v1/*` would remove it. The raw relay shows what that buys; such a "
-        "front would have to give back the limits, timeouts, cancellation and error answers the reliability "
-        "tests hold aiohttp's server to.",
+        "What the sidecar's own work is: many small pieces, each done once per request (the OpenTelemetry span "
+        "and its traceparent, the JSON body and admission, the metrics with their exemplars, the log sampling "
+        "decision and, for kept requests, the record, the SSE reader on every read of a stream); \"Proxy CPU by "
+        "component\" has the split. A target that needs a small share of it cut is within reach of trimming "
+        "those pieces. Where the floor alone is over a target, or a target would need most of the own work gone, "
+        "the cost that stays is aiohttp's server (request objects, routing, response headers and writer) under a "
+        "Python request path: only a protocol-level front for `/v1/*` would remove it. The raw relay shows what "
+        "that buys, and the lines above what would be left even then; such a front would have to give back the "
+        "limits, timeouts, cancellation and error answers the reliability tests hold aiohttp's server to.",
         "",
         f"Where the CPU goes, per request and per chunk: streams of {SPLIT_CHUNKS[0]} and {SPLIT_CHUNKS[1]} "
         "chunks at concurrency 16, unpaced, CPU per request = fixed + per chunk × chunks solved from the two:",
