@@ -76,7 +76,7 @@ class RecordSink:
         self._thread.start()
 
     def decide(self, event: Mapping[str, Any]) -> Decision:
-        """The sampling decision for an event (pure: the proxy may call it for the span attribute)."""
+        """The sampling decision for an event (pure; replays such as ``logs ingest`` decide this way)."""
         return self.sampler.decide_event(event, slow_after_ms=self._slow_after_ms)
 
     def decide_request(self, record: RequestRecord, *, sla_s: float | None) -> Decision:
