@@ -140,9 +140,10 @@ class TestOfferRequest:
     def test_dropped_requests_are_counted_and_never_built_kept_ones_are_queued(self, tmp_path: Path) -> None:
         """Seen = kept + dropped as with offer(); the event comes back only for a kept request."""
         sink, registry = _sink(tmp_path, queue_size=100, success_sample_ratio=0.0)
-        ok = RequestRecord(trace_id="ab" * 16, span_id="1" * 16, route="/v1/completions", e2e_s=0.1)
+        start = 1_754_568_000.0  # a record without a start is stamped with the time its event is built
+        ok = RequestRecord(trace_id="ab" * 16, span_id="1" * 16, route="/v1/completions", e2e_s=0.1, start_unix=start)
         failed = RequestRecord(trace_id="cd" * 16, span_id="2" * 16, route="/v1/completions", e2e_s=0.1,
-                               outcome=Outcome.TIMEOUT, error_type="upstream_timeout")
+                               outcome=Outcome.TIMEOUT, error_type="upstream_timeout", start_unix=start)
         assert sink.offer_request(ok, sla_s=None) == (Decision(False, "dropped_sampling"), None)
         decision, event = sink.offer_request(failed, sla_s=None)
         assert decision == Decision(True, "error")
