@@ -28,7 +28,7 @@ from log_pipeline.metrics import (
     DROP_SAMPLING,
     PipelineMetrics,
 )
-from log_pipeline.records import event_from_record, is_slow, milliseconds
+from log_pipeline.records import event_from_record, is_slow, level_of, milliseconds
 from log_pipeline.sampling import Decision, Sampler
 from log_pipeline.worker import stop_worker
 
@@ -80,13 +80,11 @@ class RecordSink:
         return self.sampler.decide_event(event, slow_after_ms=self._slow_after_ms)
 
     def decide_request(self, record: RequestRecord, *, sla_s: float | None) -> Decision:
-        """What :meth:`decide` answers for the request's event, without building the event."""
+        """What :meth:`decide` answers for the request's event: the same rule, fed only the fields it reads
+        (made as the event makes them), without building the event."""
         outcome = record.outcome if type(record.outcome) is Outcome else Outcome(record.outcome)
-        slow = is_slow(record, sla_s)
-        if not slow and self._slow_after_ms > 0:
-            e2e_ms = milliseconds(record.e2e_s)
-            slow = e2e_ms is not None and e2e_ms > self._slow_after_ms
-        return self.sampler.decide(record.trace_id, is_error=outcome is not Outcome.OK, slow=slow)
+        return self.decide({"outcome": outcome.value, "level": level_of(outcome), "slow": is_slow(record, sla_s),
+                            "e2e_ms": milliseconds(record.e2e_s), "trace_id": record.trace_id})
 
     def offer_request(
         self, record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
