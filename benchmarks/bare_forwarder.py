@@ -2,10 +2,11 @@
 
 Run as a peer of the shared proxy bench (benchmarks/peer_overhead.py starts it). It is
 inferwatch's request path with everything inferwatch does to a request taken out: the same
-aiohttp server with the same options, the same upstream client (serving/upstream_http.py), a
-stream relayed by the same hot loop (serving/stream_relay.py) with a reader that looks at
-nothing. What it costs per request is the design's floor; the gap between it and inferwatch is
-the sidecar's own work (admission, the SSE reader, the span, the metrics, the record).
+front (serving/front.py) taking ``/v1/*`` with aiohttp's server behind it for the rest, the same
+upstream client (serving/upstream_http.py), a stream relayed by the same hot loop
+(serving/stream_relay.py) with a reader that looks at nothing. What it costs per request is the
+design's floor; the gap between it and inferwatch is the sidecar's own work (admission, the SSE
+reader, the span, the metrics, the record).
 
     python benchmarks/bare_forwarder.py --upstream URL --listen HOST:PORT
 """
@@ -13,8 +14,8 @@ the sidecar's own work (admission, the SSE reader, the span, the metrics, the re
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import uvloop
@@ -22,11 +23,12 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from serving.exchange import Exchange, ProxyHandler
+from serving.front import Front
 from serving.stream_relay import StreamRelay
 from serving.upstream_http import UpstreamPool
 
 DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
-POOL = web.AppKey("pool", UpstreamPool)
 
 
 class PassThrough:
@@ -39,37 +41,39 @@ class PassThrough:
         return data
 
 
-def build(upstream: str) -> web.Application:
-    """An app forwarding every request to ``upstream``, streaming answers as they come."""
-    app = web.Application()
+def forwarder(pool: UpstreamPool) -> ProxyHandler:
+    """Forward each request to the pool's upstream, streaming answers as they come."""
 
-    async def pool_ctx(app: web.Application) -> AsyncIterator[None]:
-        app[POOL] = UpstreamPool(upstream, connect_timeout_s=5.0)
-        yield
-        app[POOL].close()
-
-    async def forward(request: web.Request) -> web.StreamResponse:
+    async def forward(request: Exchange) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
-        answer = await app[POOL].request(request.method, request.path_qs, headers, await request.read(), 300.0)
+        body = await request.read_body(1 << 26, 300.0)
+        answer = await pool.request(request.method, request.path_qs, headers, body, 300.0)
         try:
             out = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED | {"content-encoding"}}
             if answer.headers.get("Content-Type", "").startswith("text/event-stream"):
-                response = web.StreamResponse(status=answer.status, headers=out)
-                writer = await response.prepare(request)
-                await StreamRelay(answer, PassThrough(), 300.0, None).run(request, response, writer)
-                await response.write_eof()
-                return response
-            return web.Response(body=await answer.read_body(300.0), status=answer.status, headers=out)
+                client = await request.start_stream(answer.status, out)
+                await StreamRelay(answer, PassThrough(), 300.0, None).run(client)
+                await client.finish(b"")
+            else:
+                request.respond(answer.status, out, await answer.read_body(300.0))
         finally:
             answer.release()
 
+    return forward
+
+
+async def serve(upstream: str, host: str, port: int) -> None:
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    app.cleanup_ctx.append(pool_ctx)
+    app = web.Application()
     app.router.add_get("/healthz", healthz)
-    app.router.add_route("*", "/{tail:.*}", forward)
-    return app
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    pool = UpstreamPool(upstream, connect_timeout_s=5.0)
+    front = Front(forwarder(pool), header_timeout_s=75.0, max_body_bytes=1 << 26)
+    await front.listen(runner, host, port)
+    await asyncio.Event().wait()
 
 
 def main() -> None:
@@ -78,8 +82,7 @@ def main() -> None:
     parser.add_argument("--listen", required=True, metavar="HOST:PORT")
     args = parser.parse_args()
     host, _, port = args.listen.rpartition(":")
-    web.run_app(build(args.upstream.rstrip("/")), host=host, port=int(port), print=None, access_log=None,
-                handler_cancellation=True, loop=uvloop.new_event_loop())
+    uvloop.run(serve(args.upstream.rstrip("/"), host, int(port)))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,12 @@ and priority.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from exporters.records import Outcome
 from serving.config import ServeConfig
+from serving.exchange import BodyTooLargeError, Exchange
 from serving.signing import MEMORY_FULL, SIGNATURE_HEADER, TIMESTAMP_HEADER, SignatureVerifier
 
 
@@ -63,17 +61,14 @@ class Admission:
                           f"the sidecar is already proxying its limit of {limit} requests (serve.max_inflight); "
                           "retry with exponential backoff", self._config.retry_after_s)
 
-    async def read_body(self, request: web.Request) -> bytes:
+    async def read_body(self, request: Exchange) -> bytes:
         """The whole body, within ``serve.max_body_bytes`` (else 413) and ``serve.client_body_timeout_s`` (408)."""
         length = request.content_length
         if length is not None and length > self._config.max_body_bytes:
             raise self._too_large()
         try:
-            if request.content.is_eof():  # the body came with the headers (most requests): no timer needed
-                return await request.read()
-            async with asyncio.timeout(self._config.client_body_timeout_s):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge:
+            return await request.read_body(self._config.max_body_bytes, self._config.client_body_timeout_s)
+        except BodyTooLargeError:
             raise self._too_large() from None
         except TimeoutError:
             raise Refusal(408, Outcome.CLIENT_ERROR, "request_timeout",
@@ -84,7 +79,7 @@ class Admission:
         return Refusal(413, Outcome.CLIENT_ERROR, "request_too_large",
                        f"request body is larger than {self._config.max_body_bytes} bytes (serve.max_body_bytes)")
 
-    def check_signature(self, request: web.Request, body: bytes) -> None:
+    def check_signature(self, request: Exchange, body: bytes) -> None:
         """With a key configured, refuse with 401 a request whose HMAC signature is missing, wrong or stale."""
         if self._verifier is None:
             return

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import aiohttp
 import structlog
@@ -30,6 +31,8 @@ from serving.config import Settings
 from serving.endpoints import Readiness, healthz, metrics_handler
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
+from serving.exchange import aiohttp_handler
+from serving.front import Front
 from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
@@ -180,7 +183,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
 
         intake = RecordIntake(finish_remote, app[INFLIGHT], app[IN_FLIGHT_REQUESTS], degraded_models, registry)
         app.router.add_post(RECORDS_PATH, intake.handle)
-    app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
+    app.router.add_route("*", "/v1/{tail:.*}", partial(aiohttp_handler, proxy.handle))
     return app
 
 
@@ -223,8 +226,15 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     admin = web.Application(middlewares=[admin_guard(admin_token)])  # checked here, answered there
     admin.router.add_get("/{tail:.*}", forward)
     app.add_subapp(ADMIN_MOUNT, admin)
-    app.router.add_route("*", "/v1/{tail:.*}", proxy.handle)
+    app.router.add_route("*", "/v1/{tail:.*}", partial(aiohttp_handler, proxy.handle))
     return app
+
+
+def front_for(app: web.Application) -> Front:
+    """The front serving ``app`` on the listen port: ``/v1/*`` to its proxy, the rest to aiohttp (serving/front.py)."""
+    serve = app[SETTINGS].serve
+    return Front(app[PROXY].handle, header_timeout_s=serve.client_header_timeout_s,
+                 max_body_bytes=serve.max_body_bytes)
 
 
 def _proxy(

@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 import structlog
-from aiohttp import web
 from opentelemetry.trace import Span, Status, StatusCode
 
 from exporters.engine_stats_wire import EngineRequestStats
@@ -25,6 +24,7 @@ from serving.admission import Admission, Refusal
 from serving.body_checks import BodyError, decode_json_object
 from serving.config import ServeConfig
 from serving.errors import error_body, sse_error_event, upstream_error_body
+from serving.exchange import Exchange
 from serving.sse import SseReader
 from serving.stream_relay import StreamRelay
 from serving.tracing import Tracing, span_id_hex, trace_id_hex
@@ -134,16 +134,6 @@ def _seconds_left(deadline_ns: int) -> float:
     return max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
 
 
-async def _end_stream(response: web.StreamResponse, last: bytes) -> None:
-    """Write ``last`` (an error event, or nothing) and the end of the chunked body; a gone client is fine."""
-    try:
-        if last:
-            await response.write(last)
-        await response.write_eof()
-    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-        pass
-
-
 def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
     """Store a short SHA-256 of the prompt (or messages) and its length in characters, never the text."""
     prompt = payload.get("messages", payload.get("prompt"))
@@ -222,8 +212,8 @@ class Proxy:
         self.active = 0
         """Requests being proxied right now (the in-flight limit counts these)."""
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Proxy one request; never raises except on cancellation."""
+    async def handle(self, request: Exchange) -> None:
+        """Proxy one request and answer it through ``request``; never raises except on cancellation."""
         start_ns = time.perf_counter_ns()
         route = request.path if request.path in KNOWN_ROUTES else "other"
         span = self._tracing.start_request_span(
@@ -237,7 +227,7 @@ class Proxy:
         structlog.contextvars.bind_contextvars(trace_id=record.trace_id)  # the handler's own task: no leak
         self.active += 1
         try:
-            return await self._forward(request, record, span, start_ns)
+            await self._forward(request, record, span, start_ns)
         except asyncio.CancelledError:
             record.outcome = Outcome.CANCELLED
             record.error_type = "client_disconnected"
@@ -251,9 +241,7 @@ class Proxy:
             else:  # vLLM's own numbers are joined first; they may still be on their way
                 self._finish_with_engine_stats(record, lambda: self._finish(record, span))
 
-    async def _forward(
-        self, request: web.Request, record: RequestRecord, span: Span, start_ns: int
-    ) -> web.StreamResponse:
+    async def _forward(self, request: Exchange, record: RequestRecord, span: Span, start_ns: int) -> None:
         trace_headers = {TRACE_HEADER: record.trace_id, "Cache-Control": "no-store"}
         admission = self._admission
         try:
@@ -263,7 +251,8 @@ class Proxy:
             outgoing = self._prepare(request.method, record, body)
             admission.check_shedding(outgoing.model, request.headers)
         except Refusal as refusal:
-            return self._refuse(record, refusal, trace_headers)
+            self._refuse(request, record, refusal, trace_headers)
+            return
         if outgoing.payload is not None and span.is_recording():  # OpenTelemetry's GenAI conventions, request side
             span.set_attributes({
                 "gen_ai.operation.name": operation_name(record.route) or "text_completion",
@@ -282,7 +271,7 @@ class Proxy:
         in_flight_key = (self._in_flight_label(outgoing.model), record.route)
         self._in_flight.add(in_flight_key)  # inferwatch_requests_in_flight, read at scrape time
         try:
-            return await self._send(request, record, span, start_ns, outgoing, trace_headers)
+            await self._send(request, record, span, start_ns, outgoing, trace_headers)
         finally:
             self._in_flight.remove(in_flight_key)
             if tokenizing is not None and not tokenizing.done():
@@ -351,9 +340,9 @@ class Proxy:
             self._inflight.update(record.span_id, record.model, count)
 
     async def _send(
-        self, request: web.Request, record: RequestRecord, span: Span, start_ns: int, outgoing: Outgoing,
+        self, request: Exchange, record: RequestRecord, span: Span, start_ns: int, outgoing: Outgoing,
         trace_headers: dict[str, str],
-    ) -> web.StreamResponse:
+    ) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
         headers["Accept-Encoding"] = "identity"
         if self._finish_with_engine_stats is not None:
@@ -370,7 +359,8 @@ class Proxy:
                 async with asyncio.timeout(_seconds_left(deadline_ns)):
                     upstream = await sending
         except Exception as err:  # every way of not getting a status line; see _upstream_failure
-            return self._upstream_failure(record, err, trace_headers, before_status=True)
+            self._upstream_failure(request, record, err, trace_headers, before_status=True)
+            return
         try:
             record.accept_s = (time.perf_counter_ns() - start_ns) / 1e9
             record.http_status = upstream.status
@@ -384,12 +374,13 @@ class Proxy:
             response_headers[TRACE_HEADER] = record.trace_id
             is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             if is_sse and upstream.status < 400:
-                return await self._stream(
+                await self._stream(
                     request, upstream, response_headers, record, start_ns, deadline_ns,
                     expect_done=outgoing.stream,
                     strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
                     strip_usage_field=outgoing.stream and self._exact_usage and not outgoing.client_continuous,
                 )
+                return
             try:
                 if deadline_ns is None:
                     data = await upstream.read_body(self._read_timeout_s)
@@ -397,7 +388,8 @@ class Proxy:
                     async with asyncio.timeout(_seconds_left(deadline_ns)):
                         data = await upstream.read_body(self._read_timeout_s)
             except Exception as err:
-                return self._upstream_failure(record, err, trace_headers, before_status=False)
+                self._upstream_failure(request, record, err, trace_headers, before_status=False)
+                return
             record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
             if upstream.status >= 400:
                 data, message = upstream_error_body(data, upstream.status, record.trace_id)
@@ -406,39 +398,38 @@ class Proxy:
                 response_headers["Content-Type"] = "application/json"
             else:
                 self._read_json_body(data, record)
-            return web.Response(body=data, status=upstream.status, headers=response_headers)
+            request.respond(upstream.status, response_headers, data)
         finally:
             upstream.release()
 
     def _upstream_failure(
-        self, record: RequestRecord, err: BaseException, headers: dict[str, str], *, before_status: bool
-    ) -> web.Response:
+        self, request: Exchange, record: RequestRecord, err: BaseException, headers: dict[str, str], *,
+        before_status: bool,
+    ) -> None:
         """The JSON answer when the upstream failed before the client got anything; re-raises what is not ours."""
         upstream = self._upstream
         if isinstance(err, ConnectTimeoutError):
-            return self._fail(record, 504, Outcome.TIMEOUT, "upstream_connect_timeout",
-                              f"upstream {upstream} did not accept a connection within "
-                              f"{self._config.connect_timeout_s:g} s (serve.connect_timeout_s)", err, headers)
-        if isinstance(err, ReadTimeoutError):
-            return self._fail(record, 504, Outcome.TIMEOUT, "upstream_timeout",
-                              f"upstream {upstream} stayed silent for {self._config.read_timeout_s:g} s "
-                              "(serve.read_timeout_s)", err, headers)
-        if isinstance(err, TimeoutError):
-            return self._fail(record, 504, Outcome.TIMEOUT, "request_timeout",
-                              f"upstream {upstream} did not finish within {self._config.request_timeout_s:g} s "
-                              "(serve.request_timeout_s)", err, headers)
-        if isinstance(err, UnreachableError):
-            return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_unreachable",
-                              f"upstream {upstream} is unreachable: {err}", err, headers)
-        if isinstance(err, DisconnectedError):
+            answer = (504, Outcome.TIMEOUT, "upstream_connect_timeout", f"upstream {upstream} did not accept a "
+                      f"connection within {self._config.connect_timeout_s:g} s (serve.connect_timeout_s)")
+        elif isinstance(err, ReadTimeoutError):
+            answer = (504, Outcome.TIMEOUT, "upstream_timeout", f"upstream {upstream} stayed silent for "
+                      f"{self._config.read_timeout_s:g} s (serve.read_timeout_s)")
+        elif isinstance(err, TimeoutError):
+            answer = (504, Outcome.TIMEOUT, "request_timeout", f"upstream {upstream} did not finish within "
+                      f"{self._config.request_timeout_s:g} s (serve.request_timeout_s)")
+        elif isinstance(err, UnreachableError):
+            answer = (502, Outcome.UPSTREAM_ERROR, "upstream_unreachable", f"upstream {upstream} is unreachable: {err}")
+        elif isinstance(err, DisconnectedError):
             moment = "before its status line" if before_status else "in the middle of its answer"
-            return self._fail(record, 502, Outcome.UPSTREAM_ERROR, "upstream_disconnected",
-                              f"upstream {upstream} broke the connection {moment}: {err!r}", err, headers)
-        raise err
+            answer = (502, Outcome.UPSTREAM_ERROR, "upstream_disconnected",
+                      f"upstream {upstream} broke the connection {moment}: {err!r}")
+        else:
+            raise err
+        self._fail(request, record, *answer, err, headers)
 
     async def _stream(
         self,
-        request: web.Request,
+        request: Exchange,
         upstream: UpstreamConnection,
         headers: dict[str, str],
         record: RequestRecord,
@@ -448,7 +439,7 @@ class Proxy:
         expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
-    ) -> web.StreamResponse:
+    ) -> None:
         key, inflight = record.span_id, self._inflight
 
         def on_usage(prompt: int | None, completion: int | None) -> None:
@@ -459,13 +450,12 @@ class Proxy:
                            max_event_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
         if record.prompt_tokens_estimate is not None:
             inflight.track(key, record.model, record.prompt_tokens_estimate, reader.stats)
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        writer = await response.prepare(request)
+        client = await request.start_stream(upstream.status, headers)
         relay = StreamRelay(upstream, reader, self._config.read_timeout_s, deadline_ns)
         failure: tuple[Outcome, str, str] | None = None
         stats = reader.stats
         try:
-            await relay.run(request, response, writer)  # the hot loop: serving/stream_relay.py
+            await relay.run(client)  # the hot loop: serving/stream_relay.py
             if stats.problem is not None:
                 failure = (Outcome.UPSTREAM_ERROR, stats.problem, _PROBLEMS[stats.problem])
             elif relay.past_deadline:
@@ -481,7 +471,7 @@ class Proxy:
             record.outcome = Outcome.CANCELLED
             record.error_type, record.error_message = "client_disconnected", str(err)
             upstream.close()
-            return response
+            return
         except ReadTimeoutError:
             failure = (Outcome.TIMEOUT, "upstream_stalled",
                        f"upstream stayed silent for {self._config.read_timeout_s:g} s in the middle of the "
@@ -494,11 +484,9 @@ class Proxy:
             upstream.close()
             record.outcome, record.error_type, record.error_message = failure
             log.warning(record.error_type, upstream=self._upstream, error=record.error_message)
-            await _end_stream(response, sse_error_event(record.error_message or "", record.error_type or "",
-                                                        record.trace_id))
+            await client.finish(sse_error_event(record.error_message or "", record.error_type or "", record.trace_id))
         else:
-            await _end_stream(response, b"")
-        return response
+            await client.finish(b"")
 
     def _stream_stats(self, reader: SseReader, record: RequestRecord, start_ns: int) -> None:
         stats = reader.stats
@@ -558,24 +546,25 @@ class Proxy:
         return "other"
 
     @staticmethod
-    def _refuse(record: RequestRecord, refusal: Refusal, headers: dict[str, str]) -> web.Response:
+    def _refuse(request: Exchange, record: RequestRecord, refusal: Refusal, headers: dict[str, str]) -> None:
         """The sidecar's own answer to a request it does not forward."""
         record.http_status, record.outcome = refusal.status, refusal.outcome
         record.error_type, record.error_message = refusal.kind, refusal.message
+        headers = {**headers, "Content-Type": "application/json"}
         if refusal.retry_after_s is not None:
-            headers = {**headers, "Retry-After": str(refusal.retry_after_s)}
-        body = error_body(refusal.message, refusal.kind, refusal.status, trace_id=record.trace_id)
-        return web.Response(body=body, status=refusal.status, headers=headers, content_type="application/json")
+            headers["Retry-After"] = str(refusal.retry_after_s)
+        request.respond(refusal.status, headers,
+                        error_body(refusal.message, refusal.kind, refusal.status, trace_id=record.trace_id))
 
     def _fail(
-        self, record: RequestRecord, status: int, outcome: Outcome, kind: str, message: str,
+        self, request: Exchange, record: RequestRecord, status: int, outcome: Outcome, kind: str, message: str,
         err: BaseException, headers: dict[str, str],
-    ) -> web.Response:
+    ) -> None:
         record.http_status, record.outcome = status, outcome
         record.error_type, record.error_message = kind, message
         log.warning(kind, upstream=self._upstream, error=repr(err), trace_id=record.trace_id)
-        body = error_body(message, kind, status, upstream=self._upstream, trace_id=record.trace_id)
-        return web.Response(body=body, status=status, headers=headers, content_type="application/json")
+        request.respond(status, {**headers, "Content-Type": "application/json"},
+                        error_body(message, kind, status, upstream=self._upstream, trace_id=record.trace_id))
 
     @staticmethod
     def _span_attributes(record: RequestRecord) -> dict[str, str | int | float | list[str]]:

@@ -8,11 +8,11 @@ up the handler's stack) and going through aiohttp's writer cost more than the wo
 stream paced one event per read, as a GPU's decode paces it (BENCHMARKS.md, "Proxy cost
 against peers": about 40 µs per event on the 2-core machine). So the pieces are handled in the
 upstream connection's socket callback (:meth:`UpstreamConnection.relay`) and written straight to
-the client's transport with HTTP/1.1 chunk framing, after aiohttp sent the status line and
-headers (``StreamResponse.prepare``). The task wakes only when the stream ends or fails, when
-the reader judged it broken, when the request ran out of time, when the client went away, and
-when the client's socket is full: then it waits for aiohttp's writer to drain and hands back to
-the callback.
+the client's transport with HTTP/1.1 chunk framing, after the server sent the status line and
+headers (:meth:`~serving.exchange.Exchange.start_stream`). The task wakes only when the stream
+ends or fails, when the reader judged it broken, when the request ran out of time, when the
+client went away, and when the client's socket is full: then it waits for it to drain and hands
+back to the callback.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import asyncio
 import time
 from typing import Protocol
 
-from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
-
+from serving.exchange import ClientStream
 from serving.upstream_http import ReadTimeoutError, UpstreamConnection
 
 
@@ -99,8 +97,8 @@ class StreamRelay:
         self._feed = reader.feed
         self._deadline_ns = deadline_ns
         self._stall = StallWatch(upstream, read_timeout_s)
+        self._client: ClientStream | None = None
         self._transport: asyncio.Transport | None = None
-        self._protocol: web.RequestHandler | None = None
         self._chunked = True
         self.past_deadline = False
         """The request's total time (``serve.request_timeout_s``) ran out in the middle of the stream."""
@@ -108,16 +106,15 @@ class StreamRelay:
         """The client's connection closed under a write."""
         self._failed: Exception | None = None  # raised in the socket callback; re-raised in the task
 
-    async def run(self, request: web.Request, response: web.StreamResponse, writer: AbstractStreamWriter) -> None:
-        """Relay until the stream ends (see the class); ``response`` is prepared (a stream's head goes out then).
+    async def run(self, client: ClientStream) -> None:
+        """Relay until the stream ends (see the class) to ``client``, whose head went out.
 
         Raises:
             ConnectionResetError: the client went away.
             ReadTimeoutError: the upstream stayed silent for the read timeout (the stall watch).
             DisconnectedError: the upstream's connection broke.
         """
-        self._transport, self._protocol = request.transport, request.protocol
-        self._chunked = response.headers.get("Transfer-Encoding") == "chunked"  # as aiohttp chose in prepare()
+        self._client, self._transport, self._chunked = client, client.transport, client.chunked
         try:
             # The socket callback does the work (see the module's doc); this task wakes to drain or at the end.
             while not await self._upstream.relay(self._relay_piece):
@@ -127,7 +124,7 @@ class StreamRelay:
                     raise ConnectionResetError("the client closed the connection")
                 if self._ended():
                     return
-                await writer.drain()  # the client's socket is full: wait until it takes more
+                await client.drain()  # the client's socket is full: wait until it takes more
         finally:
             self._stall.stop()
 
@@ -155,8 +152,8 @@ class StreamRelay:
             if transport is None or transport.is_closing():
                 self.client_gone = True
                 return False
-            # One HTTP/1.1 chunk per piece, as aiohttp's writer frames it (unframed for an HTTP/1.0 client)
+            # One HTTP/1.1 chunk per piece (unframed for an HTTP/1.0 client)
             transport.write(b"%x\r\n%b\r\n" % (len(out), out) if self._chunked else out)
-            if self._protocol is not None and self._protocol.writing_paused:
+            if self._client is not None and self._client.writing_paused:
                 return False  # the client's socket is full: the task waits for it to drain
         return not self._ended()

@@ -50,6 +50,7 @@ from exporters.catalog import request as cat
 from exporters.errors import ConfigError
 from exporters.inflight import InFlight, InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
+from serving.front import Front
 
 log = structlog.get_logger(__name__)
 
@@ -349,10 +350,13 @@ def private_socket_path() -> str:
 
 
 async def serve_until_signal(
-    app: web.Application, host: str, port: int, *, reuse_port: bool, unix_path: str | None,
+    app: web.Application, front: Front, host: str, port: int, *, reuse_port: bool, unix_path: str | None,
     secondaries: Secondaries | None, shutdown_timeout_s: float, server_options: dict[str, Any],
 ) -> None:
-    """Run ``app`` on HOST:PORT (and the Unix socket) until SIGINT/SIGTERM; stop the secondaries first.
+    """Run ``app`` behind ``front`` on HOST:PORT (and alone on the Unix socket) until SIGINT/SIGTERM.
+
+    At the end the secondaries stop first, then the front lets the requests it is answering finish
+    (up to ``shutdown_timeout_s``), then aiohttp's server does the same with its connections.
 
     Raises:
         ConfigError: HOST:PORT cannot be listened on (in use, not an address of this host).
@@ -363,7 +367,7 @@ async def serve_until_signal(
     watching = None
     try:
         try:
-            await web.TCPSite(runner, host, port, reuse_port=reuse_port).start()
+            await front.listen(runner, host, port, reuse_port=reuse_port)
         except OSError as err:
             raise ConfigError("serve.listen", f"cannot listen there: {err.strerror or err}",
                               f"{host}:{port}") from None
@@ -382,6 +386,7 @@ async def serve_until_signal(
             await secondaries.stop(shutdown_timeout_s + 5.0)
         if watching is not None:
             watching.cancel()
+        await front.shutdown(shutdown_timeout_s)
         await runner.cleanup()
         if unix_path is not None:
             Path(unix_path).unlink(missing_ok=True)

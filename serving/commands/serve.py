@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     from log_pipeline.chain import configure_logging
-    from serving.app import build_app, build_secondary_app, server_options
+    from serving.app import build_app, build_secondary_app, front_for, server_options
     from serving.workers import Secondaries, private_socket_path, serve_until_signal
 
     settings = settings_from_args(args, SHORTCUTS)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr, flush=True,
         )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve_until_signal(app, host, int(port), reuse_port=workers > 1, unix_path=unix_path,
+        runner.run(serve_until_signal(app, front_for(app), host, int(port), reuse_port=workers > 1, unix_path=unix_path,
                                       secondaries=secondaries, shutdown_timeout_s=5.0,
                                       server_options=server_options(settings)))
     return 0

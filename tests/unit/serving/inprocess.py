@@ -23,7 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from log_pipeline.query import Archive
 from serving import config as cfg
-from serving.app import PROXY, TRACING, build_app, server_options
+from serving.app import PROXY, TRACING, build_app, front_for, server_options
+from serving.front import Front
 from tests.fakes.faulty_upstream import FAULT_HEADER
 
 READ_TIMEOUT_S = 0.5
@@ -44,11 +45,24 @@ class Sidecar:
     session: aiohttp.ClientSession
 
 
+class Serving:
+    """The front and aiohttp's runner behind it, as ``inferwatch serve`` runs them; stopped together."""
+
+    def __init__(self, front: Front, runner: web.AppRunner) -> None:
+        self.front = front
+        self.runner = runner
+
+    async def cleanup(self) -> None:
+        await self.front.shutdown(1.0)
+        await self.runner.cleanup()
+
+
 async def start_sidecar(
     upstream: str, logs: Path, settings: cfg.Settings | None = None, *, success_sample_ratio: float = 1.0,
     **serve: Any,
-) -> tuple[Sidecar, web.AppRunner]:
-    """Start the sidecar with short timeouts (``serve`` overrides them) and every record archived."""
+) -> tuple[Sidecar, Serving]:
+    """Start the sidecar (the front, as `serve` does) with short timeouts (``serve`` overrides them) and
+    every record archived."""
     limits: dict[str, Any] = {"read_timeout_s": READ_TIMEOUT_S, "request_timeout_s": REQUEST_TIMEOUT_S,
                               "connect_timeout_s": CONNECT_TIMEOUT_S, "max_event_bytes": MAX_EVENT_BYTES,
                               "readiness_interval_s": 60.0}
@@ -63,11 +77,10 @@ async def start_sidecar(
     app[TRACING].provider.add_span_processor(SimpleSpanProcessor(spans))
     runner = web.AppRunner(app, **server_options(settings))  # type: ignore[arg-type]
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    front = front_for(app)
+    port = await front.listen(runner, "127.0.0.1", 0)
     session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ANSWER_WITHIN_S))
-    return Sidecar(f"http://127.0.0.1:{port}", app, registry, spans, logs, session), runner
+    return Sidecar(f"http://127.0.0.1:{port}", app, registry, spans, logs, session), Serving(front, runner)
 
 
 def requests_counted(registry: CollectorRegistry, outcome: str) -> float:
