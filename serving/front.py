@@ -54,9 +54,14 @@ FRONT_PREFIX = "/v1/"
 MAX_LINE_BYTES = 8190
 """The longest request target and header field (aiohttp's own limits)."""
 MAX_HEADERS = 128
+MAX_HEAD_BYTES = MAX_LINE_BYTES * (MAX_HEADERS + 1)
+"""The most a request head may take, read before it is complete (httptools holds a field until its end)."""
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
+LINGER_S = 2.0
+"""How long a refused client's further bytes are read and dropped before the close (so it gets the answer,
+not a reset: closing a socket with unread data resets the connection)."""
 _REFRAMED = frozenset({b"content-length", b"transfer-encoding", b"expect"})
 
 
@@ -247,6 +252,8 @@ class FrontConnection(asyncio.Protocol):
         self._served = 0  # requests begun on this connection
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._in_head = True  # the next bytes belong to a request head (none has begun, or one is coming in)
+        self._head_bytes = 0  # bytes read while in a head
         self._parsing: FrontRequest | None = None  # the request whose body is being read
         self._in_message = False
         self._queue: deque[FrontRequest] = deque()  # heads in, in order; the first is the one being answered
@@ -257,6 +264,7 @@ class FrontConnection(asyncio.Protocol):
         self._feeding = False
         self._over_pending = False  # the first request in the queue is aiohttp's: hand over once all is parsed
         self._refusal = b""  # a refused head's answer, sent after the answers before it
+        self._discarding = False  # refused: what the client still sends is dropped until the close
         self.writing_paused = False
         self.closing = False
 
@@ -268,6 +276,8 @@ class FrontConnection(asyncio.Protocol):
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
         if self._raw is not None:
             self._raw += data
         self._feeding = True
@@ -286,6 +296,11 @@ class FrontConnection(asyncio.Protocol):
             self._refuse(400, f"malformed HTTP request: {err}")
         finally:
             self._feeding = False
+        if self._in_head and self.transport is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:  # an endless field or header block: never buffered whole
+                self._refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+                return
         if self._handing_over:
             self._hand_over(bytes(self._raw or b""))
         elif self._over_pending:
@@ -329,8 +344,8 @@ class FrontConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._handing_over:
             return
-        self._in_message = True
-        self._url, self._headers = b"", []
+        self._in_message = self._in_head = True
+        self._url, self._headers, self._head_bytes = b"", [], 0
 
     def on_url(self, url: bytes) -> None:
         if self._handing_over:
@@ -349,6 +364,7 @@ class FrontConnection(asyncio.Protocol):
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         if self._handing_over:
             return
         parser = self._parser
@@ -467,18 +483,25 @@ class FrontConnection(asyncio.Protocol):
         proxying = bool(self._queue) and self._queue[0].path.startswith(FRONT_PREFIX)
         if not proxying:  # nothing being answered (or only a hand-over waiting): the refusal goes out now
             self._queue.clear()
-            self.write(answer)
+            self._refusal = answer
             self._close()
             return
         self._queue[-1].keep_alive = False  # after the answers to the requests already taken
         self._refusal = answer
 
     def _close(self) -> None:
-        if self.transport is not None:
-            if self._refusal:
-                self.transport.write(self._refusal)
-                self._refusal = b""
-            self.transport.close()
+        transport = self.transport
+        if transport is None:
+            return
+        if not self._refusal:
+            transport.close()
+            return
+        transport.write(self._refusal)  # then read and drop the rest for a while, and close
+        self._refusal, self._discarding = b"", True
+        self._resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._loop.call_later(LINGER_S, transport.close)
 
     def _stop_reading(self) -> None:
         if not self._reading_paused and self.transport is not None:

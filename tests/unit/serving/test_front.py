@@ -8,6 +8,7 @@ and reads the answers as a client would; what the front must keep of aiohttp's s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from serving.front import MAX_HEAD_BYTES
 from tests.fakes.faulty_upstream import ThreadedServer
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.unit.serving.inprocess import Sidecar, requests_counted, sse_events, start_sidecar, wait_for
@@ -194,6 +196,20 @@ async def test_heads_over_the_limits_are_refused_and_the_connection_closed(
     answer = await read_answer(reader)
     assert answer.status == status
     assert answer.headers["connection"] == "close"
+    assert await closed(reader)
+    writer.close()
+
+
+async def test_an_endless_header_field_is_cut_off_before_it_fills_memory(sidecar: Sidecar) -> None:
+    """httptools holds a field until its end: the front stops reading a head past its limit."""
+    reader, writer = await connect(sidecar)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nX-Endless: ")
+    with contextlib.suppress(ConnectionError):
+        for _ in range(MAX_HEAD_BYTES // 65536 + 2):
+            writer.write(b"y" * 65536)
+            await writer.drain()
+    answer = await read_answer(reader)
+    assert answer.status == 431
     assert await closed(reader)
     writer.close()
 
