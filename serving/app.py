@@ -68,7 +68,8 @@ COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
 
 
 def server_options(settings: Settings) -> dict[str, object]:
-    """The aiohttp server settings the sidecar runs with (``serve`` and the tests use the same)."""
+    """The aiohttp server settings the sidecar runs with (``serve`` and the tests use the same); aiohttp
+    serves the connections the front hands over (serving/front.py applies the same limits to its own)."""
     return {
         # aiohttp closes a connection that has not delivered a complete request head within the
         # keep-alive timeout, counted from the connection's start or its previous answer: that
