@@ -259,6 +259,7 @@ class FrontConnection(asyncio.Protocol):
         self._queue: deque[FrontRequest] = deque()  # heads in, in order; the first is the one being answered
         self._task: asyncio.Task[None] | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_deadline: float | None = None  # loop time the idle limit runs out; None: a request is in
         self._reading_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._feeding = False
@@ -375,7 +376,7 @@ class FrontConnection(asyncio.Protocol):
             self._handing_over = True
             return
         self._raw = None
-        self._cancel_idle_timer()
+        self._idle_deadline = None  # a head is in: not idle
         request = FrontRequest(self, parser.get_method().decode("ascii", "replace"), target,
                                parser.get_http_version() == "1.0", parser.should_keep_alive(), self._headers)
         self._parsing = request
@@ -514,16 +515,29 @@ class FrontConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self._idle_timer = self._loop.call_later(self._front.header_timeout_s, self._idle_timed_out)
+        """Count ``serve.client_header_timeout_s`` from now (the connection's start, or an answer).
+
+        One timer per connection, moved only when it fires (as the stream relay's stall watch):
+        cancelling and re-arming one at every request and answer cost a few µs a request.
+        """
+        self._idle_deadline = self._loop.time() + self._front.header_timeout_s
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_timed_out)
 
     def _cancel_idle_timer(self) -> None:
+        self._idle_deadline = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
 
     def _idle_timed_out(self) -> None:
         self._idle_timer = None
+        deadline = self._idle_deadline
+        if deadline is None:  # a request is being answered: armed again after its answer
+            return
+        if self._loop.time() < deadline:  # an answer since: not idle that long yet
+            self._idle_timer = self._loop.call_at(deadline, self._idle_timed_out)
+            return
         # no complete head since the start or the last answer (slow or idle), or a refused body still coming
         if not self._queue or self._queue[0].answered:
             self._close()
