@@ -28,6 +28,7 @@ Body size and body time limits are the proxy's (serving/admission.py), as they w
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections import deque
 from collections.abc import Callable
@@ -406,7 +407,9 @@ class FrontConnection(asyncio.Protocol):
     def _start(self, request: FrontRequest) -> None:
         """Answer the first request in the queue: the proxy's task, or the hand-over to aiohttp."""
         if request.path.startswith(FRONT_PREFIX):
-            self._task = self._loop.create_task(self._serve(request))
+            # a context of its own: the request before it on the connection may have started this one,
+            # and its context variables (the log's trace_id) are not this request's
+            self._task = self._loop.create_task(self._serve(request), context=contextvars.Context())
         else:
             self._over_pending = True
             if not self._feeding:  # else at the end of this read, when the parser has taken all of it

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
-from serving.front import MAX_HEAD_BYTES
+from serving.exchange import Exchange
+from serving.front import MAX_HEAD_BYTES, Front
 from tests.fakes.faulty_upstream import ThreadedServer
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.unit.serving.inprocess import Sidecar, requests_counted, sse_events, start_sidecar, wait_for
@@ -318,3 +321,29 @@ async def test_shutdown_lets_the_answer_being_sent_finish(tmp_path: Path) -> Non
         assert sse_events(answer.body)[-1] == "[DONE]"
         assert await closed(reader)
         writer.close()
+
+
+async def test_each_request_runs_in_a_context_of_its_own() -> None:
+    """The request before it on a connection starts the next one: its context variables must not carry over."""
+    bound: contextvars.ContextVar[str | None] = contextvars.ContextVar("bound", default=None)
+    seen: list[str | None] = []
+
+    async def handler(request: Exchange) -> None:
+        seen.append(bound.get())
+        bound.set(request.path)  # as the proxy binds the log's trace_id
+        request.respond(200, {}, b"ok")
+
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    front = Front(handler, header_timeout_s=5.0, max_body_bytes=1000)
+    port = await front.listen(runner, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/v1/a") + get("/v1/b") + get("/v1/c"))
+        for _ in range(3):
+            assert (await read_answer(reader)).body == b"ok"
+        writer.close()
+        assert seen == [None, None, None]
+    finally:
+        await front.shutdown(1.0)
+        await runner.cleanup()
