@@ -216,19 +216,20 @@ class FrontRequest:
 class FrontStream:
     """:class:`~serving.exchange.ClientStream` of a front request whose head went out."""
 
-    __slots__ = ("_request", "chunked", "transport")
+    __slots__ = ("_connection", "_request", "chunked", "transport")
 
     def __init__(self, request: FrontRequest, chunked: bool) -> None:
         self._request = request
+        self._connection = request.connection
         self.chunked = chunked
         self.transport = request.connection.transport
 
     @property
     def writing_paused(self) -> bool:
-        return self._request.connection.writing_paused
+        return self._connection.writing_paused  # read after every write of a stream
 
     async def drain(self) -> None:
-        await self._request.connection.drain()
+        await self._connection.drain()
 
     async def finish(self, last: bytes) -> None:
         request = self._request
