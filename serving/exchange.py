@@ -115,11 +115,15 @@ class AiohttpExchange:
         request = self._request
         try:
             if request.content.is_eof():  # the body came with the headers (most requests): no timer needed
-                return await request.read()
-            async with asyncio.timeout(timeout_s):
-                return await request.read()
+                body = await request.read()
+            else:
+                async with asyncio.timeout(timeout_s):
+                    body = await request.read()
         except web.HTTPRequestEntityTooLarge:  # the application's client_max_size
             raise BodyTooLargeError from None
+        if len(body) > max_bytes:
+            raise BodyTooLargeError
+        return body
 
     def respond(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.response = web.Response(body=body, status=status, headers=headers)
