@@ -17,8 +17,10 @@ to it:
 - keep-alive and pipelining: answers go out in request order, one request handled at a time;
 - the slow-header limit: a connection that has not delivered a complete request head within
   ``serve.client_header_timeout_s`` of its start or its previous answer is closed;
-- head limits: a request line or header field over 8,190 bytes, or over 128 header fields, is
-  refused with 414 or 431, malformed HTTP with 400, and the connection closed;
+- head limits: a request line or header field over 8,190 bytes, over 128 header fields, or a
+  head over ``MAX_HEAD_BYTES`` still coming in, is refused with 414 or 431, malformed HTTP with
+  400; what the client still sends is read and dropped for ``LINGER_S`` (so it reads the answer,
+  not a reset), and the connection closed;
 - ``Expect: 100-continue`` is answered when the proxy starts reading the body;
 - a client that goes away cancels its request's task (the proxy then drops the upstream request).
 
