@@ -134,8 +134,7 @@ class StreamRelay:
     def _relay_piece(self, chunk: bytes) -> bool:
         """The upstream connection's sink (called from its socket callback): time, read, write, go on or stop.
 
-        Runs once per socket read of the upstream: on a paced stream, once per event. Kept to one
-        call of the reader and the write (every other call here cost measurably per event).
+        Runs once per socket read of the upstream: on a paced stream, once per event.
         """
         stall = self._stall
         now_ns = stall.last_read_ns = time.perf_counter_ns()
@@ -156,4 +155,4 @@ class StreamRelay:
             transport.write(b"%x\r\n%b\r\n" % (len(out), out) if self._chunked else out)
             if self._client is not None and self._client.writing_paused:
                 return False  # the client's socket is full: the task waits for it to drain
-        return not (self.past_deadline or self._reader.broken)
+        return not self._ended()

@@ -212,7 +212,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.bytes_received += len(data)
-        if self._head is None or self._complete or self._error is not None:  # out of turn: never reuse it
+        if self._head is None or self.finished:  # the upstream spoke out of turn: never reuse this one
             self.close()
             return
         try:
@@ -221,12 +221,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.abort(DisconnectedError(f"the upstream's answer is not well-formed HTTP/1.1: {err}"))
             return
         if self._chunks and self._sink is not None:  # relay(): handed on now, no wake-up
-            chunks = self._chunks
-            if len(chunks) == 1 and not self._paused:  # one piece per read (a paced stream): _take() inlined
-                self._chunks, self._buffered, piece = [], 0, chunks[0]
-            else:
-                piece = self._take()
-            if not self._sink(piece):
+            if not self._sink(self._take()):
                 self._sink = None
                 self._wake()
         elif self._chunks:  # one wake-up and one high-water check per socket read, however many chunks
