@@ -234,13 +234,13 @@ class FrontStream:
         await self._connection.drain()
 
     async def finish(self, last: bytes) -> None:
-        request = self._request
+        request, connection = self._request, self._connection
         if not request.head_only:
             if self.chunked:
-                request.connection.write((b"%x\r\n%b\r\n" % (len(last), last) if last else b"") + _LAST_CHUNK)
+                connection.write((b"%x\r\n%b\r\n" % (len(last), last) if last else b"") + _LAST_CHUNK)
             elif last:
-                request.connection.write(last)
-        request.connection.answered(request)
+                connection.write(last)
+        connection.answered(request)
 
 
 class FrontConnection(asyncio.Protocol):
@@ -253,7 +253,6 @@ class FrontConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._raw: bytearray | None = bytearray()  # every byte until the first head is in (a hand-over)
         self._handing_over = False  # the first request is aiohttp's: the parser's callbacks are ignored
-        self._served = 0  # requests begun on this connection
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._in_head = True  # the next bytes belong to a request head (none has begun, or one is coming in)
@@ -297,8 +296,11 @@ class FrontConnection(asyncio.Protocol):
             if not isinstance(context, HeadRefusedError):
                 raise
             self._refuse(context.status, str(context))
+            return  # one answer per refused head: no head-size check or hand-over after it
         except httptools.HttpParserError as err:
-            self._refuse(400, f"malformed HTTP request: {err}")
+            if not self._handing_over:  # else aiohttp reads the same bytes and answers them itself
+                self._refuse(400, f"malformed HTTP request: {err}")
+                return
         finally:
             self._feeding = False
         if self._in_head and self.transport is not None:
@@ -374,8 +376,7 @@ class FrontConnection(asyncio.Protocol):
             return
         parser = self._parser
         target = self._url.decode("utf-8", "surrogateescape")
-        first = self._served == 0
-        self._served += 1
+        first = self._raw is not None  # no head came before this one
         if first and not target.startswith(FRONT_PREFIX):  # aiohttp's connection from its first byte
             self._handing_over = True
             return

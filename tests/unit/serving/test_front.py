@@ -155,6 +155,17 @@ async def test_a_connection_opened_for_another_path_is_aiohttps_from_its_first_b
     assert requests_counted(sidecar.registry, "ok") == 1
 
 
+async def test_bytes_after_a_handed_over_request_are_aiohttps_to_judge(sidecar: Sidecar) -> None:
+    """A malformed request behind /healthz in the same read: the connection is aiohttp's, so is the answer."""
+    reader, writer = await connect(sidecar)
+    writer.write(get("/healthz") + b"NOT HTTP AT ALL\r\n\r\n")
+    answer = await read_answer(reader)
+    assert answer.status == 400
+    assert "aiohttp" in answer.headers["server"]  # aiohttp's parser judged the bytes, not the front's
+    assert await closed(reader)
+    writer.close()
+
+
 async def test_another_path_after_v1_requests_is_handed_over_whole(sidecar: Sidecar) -> None:
     """/v1 then /metrics then /v1, pipelined: the last two are written out again for aiohttp, in order."""
     reader, writer = await connect(sidecar)
