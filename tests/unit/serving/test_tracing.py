@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 from multidict import CIMultiDict
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from serving.tracing import Tracing
 
@@ -27,6 +29,9 @@ def outgoing(tracing: Tracing, incoming: dict[str, str]) -> tuple[str, dict[str,
     span = tracing.start_request_span("POST /v1/completions", CIMultiDict(incoming), {"url.path": "/v1/completions"})
     headers: dict[str, str] = {}
     tracing.inject(span, headers)
+    propagated: dict[str, str] = {}  # what the SDK's own W3C propagator writes for the same span
+    TraceContextTextMapPropagator().inject(propagated, context=trace.set_span_in_context(span))
+    assert headers == propagated
     span.end()
     return format(span.get_span_context().trace_id, "032x"), headers
 
