@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -18,6 +19,54 @@ def _histogram(spec: MetricSpec, registry: CollectorRegistry) -> BatchHistogram:
 
 def _counter(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
     return Counter(spec.name, spec.help, spec.labels, registry=registry)
+
+
+class _Series:
+    """The children of one (model, route, outcome, length bucket), each made on its first use.
+
+    A family's child is looked up once per label set and then read as a plain attribute (what
+    ``cached_property`` leaves in the instance), so a request costs one lookup for all of them, and
+    no series appears before a request was observed into it.
+    """
+
+    def __init__(self, metrics: RequestMetrics, model: str, route: str, outcome: str, bucket: str) -> None:
+        self._metrics, self._model, self._route, self._outcome, self._bucket = metrics, model, route, outcome, bucket
+
+    @cached_property
+    def requests(self) -> Any:
+        return self._metrics.requests.labels(self._model, self._route, self._outcome, self._bucket)
+
+    @cached_property
+    def accept(self) -> Any:
+        return self._metrics.accept.labels(self._model, self._route, self._bucket)
+
+    @cached_property
+    def ttft(self) -> Any:
+        return self._metrics.ttft.labels(self._model, self._route, self._bucket)
+
+    @cached_property
+    def itl(self) -> Any:
+        return self._metrics.itl.labels(self._model, self._route, self._bucket)
+
+    @cached_property
+    def e2e(self) -> Any:
+        return self._metrics.e2e.labels(self._model, self._route, self._outcome, self._bucket)
+
+    @cached_property
+    def prompt_tokens(self) -> Any:
+        return self._metrics.prompt_tokens.labels(self._model, self._route)
+
+    @cached_property
+    def prompt_tokens_hist(self) -> Any:
+        return self._metrics.prompt_tokens_hist.labels(self._model, self._route)
+
+    @cached_property
+    def completion_tokens(self) -> Any:
+        return self._metrics.completion_tokens.labels(self._model, self._route)
+
+    @cached_property
+    def completion_tokens_hist(self) -> Any:
+        return self._metrics.completion_tokens_hist.labels(self._model, self._route)
 
 
 class RequestMetrics:
@@ -46,6 +95,8 @@ class RequestMetrics:
         self.engine_cached_ratio = _histogram(cat.ENGINE_CACHED_PROMPT_RATIO, registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         """Children by (family, labels...): bounded by the label caps the proxy enforces."""
+        self._series: dict[tuple[str, str, str, str], _Series] = {}
+        """The request families' children by (model, route, outcome, length bucket), bounded the same way."""
 
     def precreate(self, model: str, route: str, edges: tuple[int, ...]) -> None:
         """Create the zero-valued request counters of a model and route, so rates exist before any error."""
@@ -65,26 +116,30 @@ class RequestMetrics:
         """Record one finished request."""
         exemplar = {"trace_id": record.trace_id}
         model, route, bucket, outcome = record.model, record.route, record.length_bucket, record.outcome.value
-        child = self._child
-        child(self.requests, model, route, outcome, bucket).inc()
+        key = (model, route, outcome, bucket)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = _Series(self, *key)
+        series.requests.inc()
         if record.accept_s is not None:
-            child(self.accept, model, route, bucket).observe(record.accept_s)
+            series.accept.observe(record.accept_s)
         if record.ttft_s is not None:
-            child(self.ttft, model, route, bucket).observe(record.ttft_s, exemplar)
+            series.ttft.observe(record.ttft_s, exemplar)
         if record.inter_token_s:
-            child(self.itl, model, route, bucket).observe_many(record.inter_token_s, exemplar)
+            series.itl.observe_many(record.inter_token_s, exemplar)
         if record.e2e_s is not None:
-            child(self.e2e, model, route, outcome, bucket).observe(record.e2e_s, exemplar)
+            series.e2e.observe(record.e2e_s, exemplar)
             if record.stream and record.ttft_s is not None and record.e2e_s > 0:
-                child(self.prefill_share, model).observe(min(record.ttft_s / record.e2e_s, 1.0))
+                self._child(self.prefill_share, model).observe(min(record.ttft_s / record.e2e_s, 1.0))
         if record.prompt_tokens is not None:
-            child(self.prompt_tokens, model, route).inc(record.prompt_tokens)
-            child(self.prompt_tokens_hist, model, route).observe(record.prompt_tokens)
+            series.prompt_tokens.inc(record.prompt_tokens)
+            series.prompt_tokens_hist.observe(record.prompt_tokens)
         if record.completion_tokens is not None:
-            child(self.completion_tokens, model, route).inc(record.completion_tokens)
-            child(self.completion_tokens_hist, model, route).observe(record.completion_tokens)
+            series.completion_tokens.inc(record.completion_tokens)
+            series.completion_tokens_hist.observe(record.completion_tokens)
         if record.finish_reason:
-            child(self.finish_reasons, model, record.finish_reason).inc()
+            self._child(self.finish_reasons, model, record.finish_reason).inc()
+        child = self._child
         engine = record.engine
         if engine is not None:  # vLLM's own numbers, joined from the stat-logger plugin
             child(self.engine_queue, model, bucket, outcome).observe(engine.queued_s)
