@@ -65,7 +65,7 @@ _LAST_CHUNK = b"0\r\n\r\n"
 LINGER_S = 2.0
 """How long a refused client's further bytes are read and dropped before the close (so it gets the answer,
 not a reset: closing a socket with unread data resets the connection)."""
-_REFRAMED = frozenset({b"content-length", b"transfer-encoding", b"expect"})
+_REFRAMED = frozenset({"content-length", "transfer-encoding", "expect"})
 
 
 class HeadRefusedError(Exception):
@@ -109,13 +109,13 @@ class FrontRequest:
 
     __slots__ = (
         "_body", "_body_size", "_continue_sent", "_waiter", "answered", "complete", "connection", "content_length",
-        "expect_continue", "head_only", "headers", "http_10", "keep_alive", "method", "path", "path_qs",
-        "raw_headers", "raw_path", "too_large",
+        "expect_continue", "head_only", "header_list", "headers", "http_10", "keep_alive", "method", "path",
+        "path_qs", "raw_path", "too_large",
     )
 
     def __init__(
         self, connection: FrontConnection, method: str, target: str, http_10: bool, keep_alive: bool,
-        raw_headers: list[tuple[bytes, bytes]],
+        header_list: list[tuple[str, str]],
     ) -> None:
         self.connection = connection
         self.method = method
@@ -125,11 +125,9 @@ class FrontRequest:
         self.path = URL.build(path=path, encoded=True).path if "%" in path else path
         self.http_10 = http_10
         self.keep_alive = keep_alive
-        self.raw_headers = raw_headers
-        self.headers = CIMultiDictProxy(CIMultiDict(
-            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-            for name, value in raw_headers
-        ))
+        self.header_list = header_list
+        """The fields in order, decoded as UTF-8 with surrogate escapes: encoded again, they are the bytes."""
+        self.headers = CIMultiDictProxy(CIMultiDict(header_list))
         length = self.headers.get("Content-Length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self.expect_continue = self.headers.get("Expect", "").lower() == "100-continue"
@@ -170,7 +168,7 @@ class FrontRequest:
         """The request written out again from what was parsed, its body with a length (for a hand-over)."""
         lines = [b"%s %s HTTP/1.%d\r\n" % (self.method.encode(), self.raw_path.encode("utf-8", "surrogateescape"),
                                           0 if self.http_10 else 1)]
-        lines.extend(b"%s: %s\r\n" % (name, value) for name, value in self.raw_headers
+        lines.extend(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape") for name, value in self.header_list
                      if name.lower() not in _REFRAMED)
         body = self.body()
         if body or self.content_length is not None:
@@ -254,7 +252,7 @@ class FrontConnection(asyncio.Protocol):
         self._raw: bytearray | None = bytearray()  # every byte until the first head is in (a hand-over)
         self._handing_over = False  # the first request is aiohttp's: the parser's callbacks are ignored
         self._url = b""
-        self._headers: list[tuple[bytes, bytes]] = []
+        self._headers: list[tuple[str, str]] = []
         self._in_head = True  # the next bytes belong to a request head (none has begun, or one is coming in)
         self._head_bytes = 0  # bytes read while in a head
         self._parsing: FrontRequest | None = None  # the request whose body is being read
@@ -368,7 +366,7 @@ class FrontConnection(asyncio.Protocol):
             raise HeadRefusedError(431, f"a header field longer than {MAX_LINE_BYTES} bytes")
         if len(self._headers) >= MAX_HEADERS:
             raise HeadRefusedError(431, f"more than {MAX_HEADERS} header fields")
-        self._headers.append((name, value))
+        self._headers.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
         self._in_head = False

@@ -358,3 +358,30 @@ async def test_each_request_runs_in_a_context_of_its_own() -> None:
     finally:
         await front.shutdown(1.0)
         await runner.cleanup()
+
+
+async def test_a_request_handed_over_mid_connection_keeps_its_header_bytes() -> None:
+    """Header bytes that are not UTF-8 reach aiohttp unchanged when a request is written out again."""
+    odd = b"caf\xe9 \xc3\xa9 \xff"
+
+    async def handler(request: Exchange) -> None:
+        request.respond(200, {}, b"ok")
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=dict(request.raw_headers)[b"X-Odd"])
+
+    app = web.Application()
+    app.router.add_get("/echo", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    front = Front(handler, header_timeout_s=5.0, max_body_bytes=1000)
+    port = await front.listen(runner, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/v1/a") + b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Odd: " + odd + b"\r\n\r\n")
+        assert (await read_answer(reader)).body == b"ok"
+        assert (await read_answer(reader)).body == odd
+        writer.close()
+    finally:
+        await front.shutdown(1.0)
+        await runner.cleanup()
