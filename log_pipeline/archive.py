@@ -122,6 +122,11 @@ class ArchiveWriter:
         if len(self._pending) >= self.config.frame_max_records:
             self.flush()
 
+    @property
+    def frame_open(self) -> bool:
+        """Records wait in the open frame (it closes at ``frame_max_records`` or ``frame_max_ms``)."""
+        return bool(self._pending)
+
     def due_in(self) -> float | None:
         """Seconds until :meth:`tick` has work (close the frame, rotate the segment); None: idle."""
         now = self._monotonic()

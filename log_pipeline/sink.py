@@ -6,6 +6,11 @@ specs of ``exporters.catalog.pipeline``), so that seen = kept + dropped. ``offer
 blocks: when the bounded queue is full the record is dropped and counted as ``queue_full``. The writer thread owns the
 :class:`~log_pipeline.archive.ArchiveWriter`, closes frames on time even when no record arrives,
 and publishes the open segment on :meth:`RecordSink.close`.
+
+The writer wakes once per frame, not once per record: the first record of a frame wakes it, then
+it sleeps until the frame is due (``frame_max_ms``) or until a frame's worth of records waits in
+the queue. Each wake-up of a thread beside the event loop cost the 2-core machine about 100 µs of
+CPU (the thread switch and the hand-over of the GIL), some 20 times a record's own encoding.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class RecordSink:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self.metrics = PipelineMetrics(registry, self._queue.qsize, config.queue_size)
         self._on_problem = on_problem
+        self._wakeup = threading.Event()  # set when a frame's worth of records waits, and on close
+        self._wake_after = max(1, min(config.frame_max_records, config.queue_size // 2))
+        self._since_wakeup = 0  # records queued since the last time the writer was woken (offer's side only)
         self._writer: ArchiveWriter | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -135,6 +143,7 @@ class RecordSink:
             self.metrics.dropped[DROP_QUEUE_FULL].inc()
             return False
         self.metrics.kept[decision.reason].inc()
+        self._queued()
         return True
 
     def put(self, event: dict[str, Any], decision: Decision | None = None) -> Decision:
@@ -143,20 +152,47 @@ class RecordSink:
         if dropped is None:
             self._queue.put(event)
             self.metrics.kept[decision.reason].inc()
+            self._queued()
         return decision
+
+    def _queued(self) -> None:
+        """Wake the writer once a frame's worth of records waits (else it wakes when its open frame is due)."""
+        self._since_wakeup += 1
+        if self._since_wakeup >= self._wake_after:
+            self._since_wakeup = 0
+            self._wakeup.set()
+
+    def _first_record(self, writer: ArchiveWriter, backlog: bool) -> Any:
+        """The first queued record of the writer's next round, or None when none came in time (a tick).
+
+        With a frame open the writer sleeps until it is due, or until :meth:`_queued` or :meth:`close`
+        wakes it; idle, it waits for the first record (or the open segment's age limit).
+        """
+        if backlog:  # the last round stopped at _DRAIN records: more wait
+            return self._take()
+        if writer.frame_open and not self._closed:
+            self._wakeup.wait(writer.due_in())
+            self._wakeup.clear()
+            return self._take()
+        try:
+            return self._queue.get(timeout=writer.due_in())
+        except queue.Empty:
+            return None
+
+    def _take(self) -> Any:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
 
     def _run(self) -> None:
         writer = self._writer
         assert writer is not None
-        stop = False
+        stop, backlog = False, False
         while not stop:
-            timeout = writer.due_in()
+            item = self._first_record(writer, backlog)
+            taken = 0
             try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                item = None
-            try:
-                taken = 0
                 while item is not None:
                     if item is _STOP:
                         stop = True
@@ -165,13 +201,11 @@ class RecordSink:
                     taken += 1
                     if taken >= _DRAIN:
                         break
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        item = None
+                    item = self._take()
                 writer.tick()
             except Exception as err:  # the writer thread must outlive any bad record or disk error
                 self._on_problem(f"log writer error: {err!r}")
+            backlog = taken >= _DRAIN
             self.metrics.writer_progress(writer.stats)
         try:
             writer.close()
@@ -186,6 +220,7 @@ class RecordSink:
         counted as lost with reason ``shutdown``).
         """
         self._closed = True
+        self._wakeup.set()  # a writer asleep on its open frame waits for the queue from now on
         thread = self._thread
         if thread is None:
             return True

@@ -104,6 +104,54 @@ class TestWriterThread:
         assert len(list(Archive(tmp_path).records())) == 1
         sink.close(5.0)
 
+    def test_the_writer_wakes_once_per_frame_not_once_per_record(self, tmp_path: Path) -> None:
+        """Twenty records spread over 100 ms, one frame of a second: one round of the writer writes them all."""
+        sink, registry = _sink(tmp_path, success_sample_ratio=1.0, frame_max_ms=1000.0)
+        sink.start()
+        writer = sink.writer
+        assert writer is not None
+        rounds = []
+        tick = writer.tick
+        writer.tick = lambda: (rounds.append(writer.stats.records), tick())  # type: ignore[method-assign]
+        for record in make_records(20):
+            sink.offer(record)
+            time.sleep(0.005)
+        deadline = time.monotonic() + 10.0
+        while _value(registry, cat.LOG_FRAMES) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _value(registry, cat.LOG_ARCHIVED_RECORDS) == 20
+        assert len(rounds) <= 3, rounds  # the first record's, the frame's; woken per record it was 20 or more
+        sink.close(5.0)
+
+    def test_a_frames_worth_of_records_wakes_the_writer_before_the_frame_is_due(self, tmp_path: Path) -> None:
+        """frame_max_records queued: the frame is written at once, not a minute later."""
+        sink, registry = _sink(tmp_path, success_sample_ratio=1.0, frame_max_ms=60_000.0, frame_max_records=16)
+        sink.start()
+        first, *rest = make_records(16)
+        sink.offer(first)
+        time.sleep(0.05)  # the writer took it and sleeps on the open frame
+        for record in rest:
+            sink.offer(record)
+        deadline = time.monotonic() + 10.0
+        while _value(registry, cat.LOG_ARCHIVED_RECORDS) < 16 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _value(registry, cat.LOG_ARCHIVED_RECORDS) == 16
+        assert time.monotonic() < deadline
+        assert sink.close(5.0) is True
+
+    def test_close_wakes_a_writer_asleep_on_its_frame(self, tmp_path: Path) -> None:
+        """A frame due in a minute: close still writes it and returns at once."""
+        sink, _registry = _sink(tmp_path, success_sample_ratio=1.0, frame_max_ms=60_000.0)
+        sink.start()
+        records = make_records(3)
+        for record in records:
+            sink.offer(record)
+        time.sleep(0.05)  # the writer took the first record and sleeps on the open frame
+        began = time.monotonic()
+        assert sink.close(5.0) is True
+        assert time.monotonic() - began < 2.0
+        assert list(Archive(tmp_path).records()) == records
+
     def test_a_record_that_is_not_json_does_not_kill_the_writer(self, tmp_path: Path) -> None:
         """A value JSON cannot encode is written as its str() and the next records still arrive."""
         sink, _registry = _sink(tmp_path, success_sample_ratio=1.0)
