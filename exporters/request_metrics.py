@@ -30,7 +30,8 @@ class _Series:
     """
 
     def __init__(self, metrics: RequestMetrics, model: str, route: str, outcome: str, bucket: str) -> None:
-        self._metrics, self._model, self._route, self._outcome, self._bucket = metrics, model, route, outcome, bucket
+        self._metrics, self._model, self._route, self._bucket = metrics, model, route, bucket
+        self._outcome = str(outcome)  # the label value (an Outcome member is a StrEnum)
 
     @cached_property
     def requests(self) -> Any:
@@ -115,8 +116,8 @@ class RequestMetrics:
     def observe(self, record: RequestRecord) -> None:
         """Record one finished request."""
         exemplar = {"trace_id": record.trace_id}
-        model, route, bucket, outcome = record.model, record.route, record.length_bucket, record.outcome.value
-        key = (model, route, outcome, bucket)
+        model, route, bucket, outcome = record.model, record.route, record.length_bucket, record.outcome
+        key = (model, route, outcome, bucket)  # a StrEnum member is its value as a key (.value costs 0.25 us)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series(self, *key)
@@ -142,11 +143,12 @@ class RequestMetrics:
         child = self._child
         engine = record.engine
         if engine is not None:  # vLLM's own numbers, joined from the stat-logger plugin
-            child(self.engine_queue, model, bucket, outcome).observe(engine.queued_s)
-            child(self.engine_prefill, model, bucket, outcome).observe(engine.prefill_s)
-            child(self.engine_decode, model, bucket, outcome).observe(engine.decode_s)
-            child(self.engine_preemptions, model, bucket, outcome).observe(engine.preemptions)
+            label = str(outcome)
+            child(self.engine_queue, model, bucket, label).observe(engine.queued_s)
+            child(self.engine_prefill, model, bucket, label).observe(engine.prefill_s)
+            child(self.engine_decode, model, bucket, label).observe(engine.decode_s)
+            child(self.engine_preemptions, model, bucket, label).observe(engine.preemptions)
             if engine.prompt_tokens > 0:
-                child(self.engine_cached_ratio, model, bucket, outcome).observe(
+                child(self.engine_cached_ratio, model, bucket, label).observe(
                     engine.cached_tokens / engine.prompt_tokens
                 )

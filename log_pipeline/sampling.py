@@ -81,11 +81,20 @@ def classify(event: Mapping[str, Any], *, slow_after_ms: float = 0.0) -> tuple[b
     A request is slow when its ``slow`` flag is true, or when ``slow_after_ms`` is positive and its
     ``e2e_ms`` exceeds it. Missing or mistyped fields count as neither.
     """
-    outcome = event.get("outcome")
-    level = event.get("level")
+    return classify_fields(event.get("outcome"), event.get("level"), event.get("slow"), event.get("e2e_ms"),
+                           slow_after_ms=slow_after_ms)
+
+
+def classify_fields(
+    outcome: object, level: object, slow_flag: object, e2e_ms: object, *, slow_after_ms: float = 0.0
+) -> tuple[bool, bool]:
+    """:func:`classify` on an event's ``outcome``, ``level``, ``slow`` and ``e2e_ms`` (None: absent).
+
+    The sink's request path calls this with a finished request's values without building its
+    event; ``e2e_ms`` is only read when ``slow_after_ms`` is positive.
+    """
     is_error = (outcome is not None and outcome != "ok") or level in ("error", "critical")
-    slow = event.get("slow") is True
+    slow = slow_flag is True
     if not slow and slow_after_ms > 0:
-        e2e = event.get("e2e_ms")
-        slow = isinstance(e2e, int | float) and not isinstance(e2e, bool) and e2e > slow_after_ms
+        slow = isinstance(e2e_ms, int | float) and not isinstance(e2e_ms, bool) and e2e_ms > slow_after_ms
     return is_error, slow

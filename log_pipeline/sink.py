@@ -34,7 +34,7 @@ from log_pipeline.metrics import (
     PipelineMetrics,
 )
 from log_pipeline.records import event_from_record, is_slow, level_of, milliseconds
-from log_pipeline.sampling import Decision, Sampler
+from log_pipeline.sampling import Decision, Sampler, classify_fields
 from log_pipeline.worker import stop_worker
 
 log = structlog.get_logger(__name__)
@@ -89,10 +89,14 @@ class RecordSink:
 
     def decide_request(self, record: RequestRecord, *, sla_s: float | None) -> Decision:
         """What :meth:`decide` answers for the request's event: the same rule, fed only the fields it reads
-        (made as the event makes them), without building the event."""
+        (made as the event makes them), without building the event or a mapping of them."""
         outcome = record.outcome if type(record.outcome) is Outcome else Outcome(record.outcome)
-        return self.decide({"outcome": outcome.value, "level": level_of(outcome), "slow": is_slow(record, sla_s),
-                            "e2e_ms": milliseconds(record.e2e_s), "trace_id": record.trace_id})
+        slow_after_ms = self._slow_after_ms
+        is_error, slow = classify_fields(
+            outcome, level_of(outcome), is_slow(record, sla_s),  # a StrEnum member compares as its value
+            milliseconds(record.e2e_s) if slow_after_ms > 0 else None, slow_after_ms=slow_after_ms,
+        )
+        return self.sampler.decide(record.trace_id, is_error=is_error, slow=slow)
 
     def offer_request(
         self, record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
