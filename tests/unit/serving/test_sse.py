@@ -143,15 +143,8 @@ def test_a_read_mixing_content_and_the_injected_usage_chunk_still_strips_it() ->
 _EVENT_KINDS = st.sampled_from(["content", "content_spaced", "finish", "usage_field", "comment"])
 
 
-@settings(max_examples=300, deadline=None)
-@given(kinds=st.lists(_EVENT_KINDS, min_size=1, max_size=40), strip=st.booleans(), role_first=st.booleans(),
-       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
-def test_any_stream_cut_anywhere_is_forwarded_and_counted_like_one_event_at_a_time(
-    kinds: list[str], strip: bool, role_first: bool, cuts: list[int]
-) -> None:
-    """Whatever the reads look like (the whole stream in one, or cut anywhere), the bytes forwarded and
-    the counts equal what reading each event's JSON on its own gives. (vLLM sends the role-only chunk
-    first; after the first content, a running choice is taken for content without reading its JSON.)"""
+def _events_of(kinds: list[str], role_first: bool) -> tuple[list[bytes], int]:
+    """The events of a stream of ``kinds`` (before the usage chunk and [DONE]), and its content events."""
     role = _event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
     events: list[bytes] = [role] if role_first else []
     content = 0
@@ -167,15 +160,48 @@ def test_any_stream_cut_anywhere_is_forwarded_and_counted_like_one_event_at_a_ti
         else:
             events.append(b": keep-alive\n\n")
         content += kind in ("content", "content_spaced", "finish", "usage_field")
-    usage_chunk = _event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 99}})
-    stream = b"".join(events) + usage_chunk + b"data: [DONE]\n\n"
-    expected = b"".join(events) + (b"" if strip else usage_chunk) + b"data: [DONE]\n\n"
+    return events, content
+
+
+def _check_forwarded_and_counted(reads: list[bytes], expected: bytes, kinds: list[str], content: int,
+                                 strip: bool) -> None:
     reader = SseReader(strip_usage_chunk=strip, strip_usage_field=False)
-    bounds = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
-    out = b"".join(reader.feed(stream[a:b], n) for n, (a, b) in enumerate(pairwise(bounds)))
+    out = b"".join(reader.feed(data, n) for n, data in enumerate(reads))
     assert out + reader.flush() == expected
     stats = reader.stats
     assert stats.content_events == content
     assert len(stats.gaps_s) == max(content - 1, 0)
     assert (stats.prompt_tokens, stats.completion_tokens, stats.done) == (5, 99, True)
     assert stats.finish_reason == ("stop" if "finish" in kinds else None)
+
+
+_USAGE_CHUNK = _event({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 99}})
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(_EVENT_KINDS, min_size=1, max_size=40), strip=st.booleans(), role_first=st.booleans(),
+       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+def test_any_stream_cut_anywhere_is_forwarded_and_counted_like_one_event_at_a_time(
+    kinds: list[str], strip: bool, role_first: bool, cuts: list[int]
+) -> None:
+    """Whatever the reads look like (the whole stream in one, or cut anywhere), the bytes forwarded and
+    the counts equal what reading each event's JSON on its own gives. (vLLM sends the role-only chunk
+    first; after the first content, a running choice is taken for content without reading its JSON.)"""
+    events, content = _events_of(kinds, role_first)
+    stream = b"".join(events) + _USAGE_CHUNK + b"data: [DONE]\n\n"
+    expected = b"".join(events) + (b"" if strip else _USAGE_CHUNK) + b"data: [DONE]\n\n"
+    bounds = sorted({0, len(stream), *(cut % (len(stream) + 1) for cut in cuts)})
+    _check_forwarded_and_counted([stream[a:b] for a, b in pairwise(bounds)], expected, kinds, content, strip)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(_EVENT_KINDS, min_size=1, max_size=40), strip=st.booleans(), role_first=st.booleans())
+def test_a_paced_stream_read_one_event_at_a_time_is_forwarded_and_counted_the_same(
+    kinds: list[str], strip: bool, role_first: bool
+) -> None:
+    """One event per read, as a paced upstream sends them (the reader's one-event path): the same bytes
+    forwarded and the same counts as reading each event's JSON."""
+    events, content = _events_of(kinds, role_first)
+    reads = [*events, _USAGE_CHUNK, b"data: [DONE]\n\n"]
+    expected = b"".join(events) + (b"" if strip else _USAGE_CHUNK) + b"data: [DONE]\n\n"
+    _check_forwarded_and_counted(reads, expected, kinds, content, strip)
