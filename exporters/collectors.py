@@ -106,7 +106,7 @@ class EngineCollector(Collector):
         yield from self._engine(state, views)
         yield from self._kv(views)
         yield from self._swap(views)
-        yield from self._fragmentation(views)
+        yield from self._fragmentation(views, state.up)
 
     def _scrape_health(self, state: EngineState) -> Iterator[Metric]:
         up = _gauge(ce.SCRAPE_UP)
@@ -200,11 +200,13 @@ class EngineCollector(Collector):
                 failures.add_metric([v.model], v.offload_allocation_failures)
         yield from (moved, seconds, usage, failures)
 
-    def _fragmentation(self, views: list[derive.ModelView]) -> Iterator[Metric]:
+    def _fragmentation(self, views: list[derive.ModelView], fresh: bool) -> Iterator[Metric]:
+        """``fresh``: the latest scrape of the upstream succeeded. After a failed one its running counts are
+        stale (a 0 from before a burst would hide every request in flight), so none is used."""
         tokens, blocks, ratio = _gauge(ce.KV_INFLIGHT_TOKENS), _gauge(ce.KV_INFLIGHT_BLOCKS), \
             _gauge(ce.KV_FRAGMENTATION)
         sizes = {v.model: v.block_size for v in views if v.block_size}
-        running = {v.model: v.running for v in views}
+        running = {v.model: v.running for v in views} if fresh else {}
         measured = self._measured_used_blocks(views)
         if self._inflight is not None and sizes:
             entries = self._inflight.snapshot()

@@ -68,6 +68,21 @@ def test_fragmentation_is_rendered_from_the_inflight_table() -> None:
     assert got[(ce.KV_INFLIGHT_BLOCKS.name, (("model_name", "tiny-llm"),))] == 4.0
 
 
+def test_a_stale_running_count_hides_no_request_in_flight() -> None:
+    """vLLM's running count of 0 counts when fresh (no block held), not after a failed scrape: then every
+    request in flight is taken as running, since vLLM may have admitted them all since."""
+    text = (DATA / "vllm_v1_engine_0.32.prom").read_text()
+    idle = parse_exposition(text.replace('vllm:num_requests_running{engine="0",model_name="tiny-llm"} 2.0',
+                                         'vllm:num_requests_running{engine="0",model_name="tiny-llm"} 0.0'))
+    inflight = InFlightTokens()
+    inflight.update("a", "tiny-llm", 40)
+    blocks = (ce.KV_INFLIGHT_BLOCKS.name, (("model_name", "tiny-llm"),))
+    for up, expected in ((True, None), (False, 2.0)):
+        registry = CollectorRegistry()
+        register_collectors(registry, EngineCollector(lambda up=up: EngineState("u", idle, up=up), inflight))
+        assert _samples(registry).get(blocks) == expected
+
+
 def test_sampled_histogram_is_cumulative() -> None:
     """Observations of 1, 3 and 100 fill the buckets cumulatively with +Inf holding all three."""
     hist = SampledHistogram((1, 2, 4))
