@@ -266,8 +266,29 @@ def test_every_panel_query_returns_data(
                 else:
                     problems[where] = f"{problem}: {target['expr']}"
     assert load.sent > 0
-    assert problems == {}
+    assert problems == {}, f"{problems}\nscrapes during the test: {_scrape_health(prometheus, start)}"
     _panels_count_what_happened(prometheus, load, start, vllm_before, vllm_server)
+
+
+def _scrape_health(prometheus: servers.PrometheusServer, start: float) -> dict[str, str]:
+    """Per scraped job: failed and slowest scrapes since ``start``, and the most requests vLLM ran and the sidecar
+    had in flight, and how often the sidecar's own scrapes of vLLM failed (what an empty in-flight series may come
+    from)."""
+    window = f"{max(1, int(time.time() - start))}s"
+    out: dict[str, str] = {}
+    for what, expr in (("failed", f"sum by (job) (count_over_time(up[{window}]) - sum_over_time(up[{window}]))"),
+                       ("slowest_s", f"max by (job) (max_over_time(scrape_duration_seconds[{window}]))"),
+                       ("scrapes", f"sum by (job) (count_over_time(up[{window}]))"),
+                       ("max_running", f"max by (job) (max_over_time({cv.NUM_REQUESTS_RUNNING.series}[{window}]))"),
+                       ("max_in_flight", f"max by (job) (max_over_time({request.REQUESTS_IN_FLIGHT.name}[{window}]))"),
+                       ("its_scrapes_of_vllm_failed",
+                        f"sum by (job) (count_over_time({engine.SCRAPE_UP.name}[{window}]) "
+                        f"- sum_over_time({engine.SCRAPE_UP.name}[{window}]))")):
+        url = f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        for row in _get_json(url).get("data", {}).get("result", []):
+            job = row["metric"].get("job", "?")
+            out[job] = f"{out.get(job, '')} {what}={float(row['value'][1]):.3g}".strip()
+    return out
 
 
 def _wait_for_first_scrapes(prometheus: servers.PrometheusServer, deadline_s: float = 60.0) -> None:
