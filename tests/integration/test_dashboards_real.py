@@ -266,7 +266,8 @@ def test_every_panel_query_returns_data(
                 else:
                     problems[where] = f"{problem}: {target['expr']}"
     assert load.sent > 0
-    assert problems == {}, f"{problems}\nscrapes during the test: {_scrape_health(prometheus, start)}"
+    assert problems == {}, (f"{problems}\nscrapes during the test: {_scrape_health(prometheus, start)}\n"
+                            f"load: {load.sent} requests sent, {load.answered} answered in {time.time() - start:.0f} s")
     _panels_count_what_happened(prometheus, load, start, vllm_before, vllm_server)
 
 
