@@ -122,9 +122,8 @@ def scaling_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
 SPLIT_CHUNKS = (8, 128)
 
 
-def split_rows(runs: dict[int, dict[str, Any]]) -> list[str]:
-    """CPU per request = fixed + per-chunk x chunks, solved from two stream lengths, for the floor and for us."""
-    rows = []
+def split_costs(runs: dict[int, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per peer (the floor and us): CPU per request = fixed + per-chunk x chunks, solved from two stream lengths."""
     (short, few), (long, many) = sorted(runs.items())
     costs = {}
     for peer in ("bare-forwarder", "inferwatch"):
@@ -132,11 +131,21 @@ def split_rows(runs: dict[int, dict[str, Any]]) -> list[str]:
         high = many["stream/c16"][peer]["cpu_us_per_req"][peer]
         per_chunk = (high - low) / (long - short)
         costs[peer] = (low - per_chunk * short, per_chunk)
-    for peer, (fixed, per_chunk) in costs.items():
-        rows.append(f"| {peer} | {fixed:,.0f} | {per_chunk:.1f} |")
-    (bare_fixed, bare_chunk), (ours_fixed, ours_chunk) = costs["bare-forwarder"], costs["inferwatch"]
-    rows.append(f"| inferwatch's own work (difference) | {ours_fixed - bare_fixed:,.0f} | "
-                f"{ours_chunk - bare_chunk:.1f} |")
+    return costs
+
+
+def split_rows(splits: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """One row per process (and one for the difference), fixed and per-chunk CPU in each pacing of ``splits``."""
+    costs = {label: split_costs(runs) for label, runs in splits.items()}
+    rows = []
+    for peer in ("bare-forwarder", "inferwatch"):
+        rows.append(f"| {peer} | " + " | ".join(f"{by[peer][0]:,.0f} | {by[peer][1]:.1f}" for by in costs.values())
+                    + " |")
+    own = []
+    for by in costs.values():
+        (bare_fixed, bare_chunk), (ours_fixed, ours_chunk) = by["bare-forwarder"], by["inferwatch"]
+        own.append(f"{ours_fixed - bare_fixed:,.0f} | {ours_chunk - bare_chunk:.1f}")
+    rows.append("| inferwatch's own work (difference) | " + " | ".join(own) + " |")
     return rows
 
 
@@ -313,9 +322,10 @@ def main() -> int:
         }
         paced = run_bench(args.venv_root, workdir, "paced", ["--chunk-delay-ms", "5", "--modes", "stream",
                                                              "--concurrency", "16,128"], args.quick)
-        split = split_rows({chunks: run_bench(args.venv_root, workdir, f"split-{chunks}", [
-            "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
-            peers=("bare-forwarder", "inferwatch")) for chunks in SPLIT_CHUNKS})
+        split = split_rows({label: {chunks: run_bench(args.venv_root, workdir, f"split-{label}-{chunks}", [
+            *extra, "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
+            peers=("bare-forwarder", "inferwatch")) for chunks in SPLIT_CHUNKS}
+            for label, extra in (("unpaced", []), ("paced", ["--chunk-delay-ms", "5"]))})
         scaling = {label: run_bench(args.venv_root, workdir, f"scaling-{label}", [
             *extra, "--modes", "stream", "--concurrency", "128"], args.quick, peers=SCALING)
             for label, extra in (("unpaced", []), ("paced 5 ms", ["--chunk-delay-ms", "5"]))}
@@ -369,10 +379,13 @@ def main() -> int:
         "read into a mapping, an answer head written, the slow-header timer.",
         "",
         f"Where the CPU goes, per request and per chunk: streams of {SPLIT_CHUNKS[0]} and {SPLIT_CHUNKS[1]} "
-        "chunks at concurrency 16, unpaced, CPU per request = fixed + per chunk × chunks solved from the two:",
+        "chunks at concurrency 16, unpaced and paced 5 ms/chunk, CPU per request = fixed + per chunk × chunks "
+        "solved from the two (a paced chunk is one socket read and one write each way; unpaced, a read brings "
+        "several):",
         "",
-        "| process | fixed CPU per request (µs) | CPU per chunk (µs) |",
-        "|---|---:|---:|",
+        "| process | unpaced: fixed CPU per request (µs) | unpaced: CPU per chunk (µs) "
+        "| paced: fixed CPU per request (µs) | paced: CPU per chunk (µs) |",
+        "|---|---:|---:|---:|---:|",
         *split,
         "",
         "Using more than one core, `serve --workers 2` against one process, streams at concurrency 128 in the "
