@@ -77,6 +77,11 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, int]]:
     return status, usage
 
 
+def _instant_query(prometheus: servers.PrometheusServer, expr: str) -> Any:
+    """Prometheus's JSON answer to an instant query of ``expr``."""
+    return _get_json(f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+
+
 def _get_json(url: str) -> Any:
     try:
         with urllib.request.urlopen(url, timeout=30) as response:
@@ -285,8 +290,7 @@ def _scrape_health(prometheus: servers.PrometheusServer, start: float) -> dict[s
                        ("its_scrapes_of_vllm_failed",
                         f"sum by (job) (count_over_time({engine.SCRAPE_UP.name}[{window}]) "
                         f"- sum_over_time({engine.SCRAPE_UP.name}[{window}]))")):
-        url = f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        for row in _get_json(url).get("data", {}).get("result", []):
+        for row in _instant_query(prometheus, expr).get("data", {}).get("result", []):
             job = row["metric"].get("job", "?")
             out[job] = f"{out.get(job, '')} {what}={float(row['value'][1]):.3g}".strip()
     return out
@@ -295,10 +299,9 @@ def _scrape_health(prometheus: servers.PrometheusServer, start: float) -> dict[s
 def _wait_for_first_scrapes(prometheus: servers.PrometheusServer, deadline_s: float = 60.0) -> None:
     """Until Prometheus holds the sidecar's request counters and vLLM's preemption counter."""
     query = f"count({request.REQUESTS.series}) and count({cv.NUM_PREEMPTIONS.series})"
-    url = f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if _get_json(url).get("data", {}).get("result"):
+        if _instant_query(prometheus, query).get("data", {}).get("result"):
             time.sleep(1.5)  # and one more scrape
             return
         time.sleep(0.5)
@@ -308,8 +311,7 @@ def _wait_for_first_scrapes(prometheus: servers.PrometheusServer, deadline_s: fl
 def _panel_total(prometheus: servers.PrometheusServer, query: Query, window_s: int) -> float:
     """A rate panel's value summed over its series, times the window: what it says happened in it."""
     expr = _substitute(query.expr, window_s).replace(RATE_INTERVAL, f"{window_s}s")
-    url = f"{prometheus.base_url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    answer = _get_json(url)
+    answer = _instant_query(prometheus, expr)
     assert answer.get("status") == "success", answer
     return sum(float(r["value"][1]) for r in answer["data"]["result"]) * window_s
 
