@@ -120,13 +120,15 @@ def scaling_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 SPLIT_CHUNKS = (8, 128)
+SPLIT_PEERS = ("bare-forwarder", "inferwatch")
+"""The floor and us: their difference is the sidecar's own work."""
 
 
 def split_costs(runs: dict[int, dict[str, Any]]) -> dict[str, tuple[float, float]]:
     """Per peer (the floor and us): CPU per request = fixed + per-chunk x chunks, solved from two stream lengths."""
     (short, few), (long, many) = sorted(runs.items())
     costs = {}
-    for peer in ("bare-forwarder", "inferwatch"):
+    for peer in SPLIT_PEERS:
         low = few["stream/c16"][peer]["cpu_us_per_req"][peer]
         high = many["stream/c16"][peer]["cpu_us_per_req"][peer]
         per_chunk = (high - low) / (long - short)
@@ -138,7 +140,7 @@ def split_rows(splits: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """One row per process (and one for the difference), fixed and per-chunk CPU in each pacing of ``splits``."""
     costs = {label: split_costs(runs) for label, runs in splits.items()}
     rows = []
-    for peer in ("bare-forwarder", "inferwatch"):
+    for peer in SPLIT_PEERS:
         rows.append(f"| {peer} | " + " | ".join(f"{by[peer][0]:,.0f} | {by[peer][1]:.1f}" for by in costs.values())
                     + " |")
     own = []
@@ -324,7 +326,7 @@ def main() -> int:
                                                              "--concurrency", "16,128"], args.quick)
         split = split_rows({label: {chunks: run_bench(args.venv_root, workdir, f"split-{label}-{chunks}", [
             *extra, "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
-            peers=("bare-forwarder", "inferwatch")) for chunks in SPLIT_CHUNKS}
+            peers=SPLIT_PEERS) for chunks in SPLIT_CHUNKS}
             for label, extra in (("unpaced", []), ("paced", ["--chunk-delay-ms", "5"]))})
         scaling = {label: run_bench(args.venv_root, workdir, f"scaling-{label}", [
             *extra, "--modes", "stream", "--concurrency", "128"], args.quick, peers=SCALING)
