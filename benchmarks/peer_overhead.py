@@ -101,25 +101,51 @@ def cell_rows(summary: dict[str, Any], label: str) -> list[str]:
     return rows
 
 
-SCALING = ("inferwatch", "inferwatch-2w")
+SCALING = ("vllm-router-rs", "inferwatch", "inferwatch-2w")
+"""vllm-router (its Rust runtime uses every core) beside the sidecar with one and with two workers."""
+SCALING_ROWS = (("vllm-router-rs", "vllm-router"), ("inferwatch", "1"), ("inferwatch-2w", "2"))
 
 
 def scaling_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """Throughput, added TTFT and CPU per request (every process of the sidecar) with 1 and 2 workers."""
+    """Throughput, added TTFT and CPU per request (every process of a peer): vllm-router, 1 and 2 workers."""
     rows = []
     for label, summary in runs.items():
         for cell, targets in summary.items():
-            one, two = (targets[peer] for peer in SCALING)
-            for workers, row in ((1, one), (2, two)):
+            for peer, workers in SCALING_ROWS:
+                row = targets[peer]
                 rows.append(
                     f"| {label} {cell} | {workers} | {row['rps']:,.0f} | {row['rps_ratio']:.2f} | "
-                    f"{row.get('added_ttft_p50_ms') or 0:+.1f} | {row['cpu_us_per_req'][SCALING[workers - 1]]:,.0f} |"
+                    f"{row.get('added_ttft_p50_ms') or 0:+.1f} | {row['cpu_us_per_req'][peer]:,.0f} |"
                 )
+            one, two = targets["inferwatch"], targets["inferwatch-2w"]
             rows.append(f"| {label} {cell} | 2 / 1 | {two['rps'] / one['rps']:.2f}× | | | |")
     return rows
 
 
+def scaling_verdicts(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The paced TTFT target met with ``serve --workers 2``? Against vllm-router in the same rounds."""
+    lines = []
+    for label, summary in runs.items():
+        if not label.startswith("paced"):
+            continue
+        for cell, targets in summary.items():
+            ours = targets["inferwatch-2w"].get("added_ttft_p50_ms")
+            theirs = targets["vllm-router-rs"].get("added_ttft_p50_ms")
+            if ours is None or theirs is None:
+                continue
+            ratio = targets["inferwatch-2w"]["cpu_us_per_req"]["inferwatch-2w"] \
+                / targets["vllm-router-rs"]["cpu_us_per_req"]["vllm-router-rs"]
+            met = "met" if ours <= theirs else "missed"
+            lines.append(f"- {label} {cell} with `serve --workers 2` (\"Using more than one core\" below, its own "
+                         f"rounds): added TTFT p50 {ours:.1f} ms against vllm-router's {theirs:.1f} ms (target: no "
+                         f"more): {met}; CPU per request of both workers {ratio:.2f}× vllm-router's.")
+    return lines
+
+
+STREAM_CHUNKS = 64
+"""Content chunks per stream in the cells (the shared bench's default)."""
 SPLIT_CHUNKS = (8, 128)
+SPLIT_CONCURRENCY = 16
 SPLIT_PEERS = ("bare-forwarder", "inferwatch")
 """The floor and us: their difference is the sidecar's own work."""
 
@@ -136,17 +162,13 @@ def split_costs(runs: dict[int, dict[str, Any]]) -> dict[str, tuple[float, float
     return costs
 
 
-def split_rows(splits: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
-    """One row per process (and one for the difference), fixed and per-chunk CPU in each pacing of ``splits``."""
-    costs = {label: split_costs(runs) for label, runs in splits.items()}
+def split_rows(costs: dict[str, dict[str, tuple[float, float]]]) -> list[str]:
+    """One row per process (and one for the difference), fixed and per-chunk CPU in each pacing of ``costs``."""
     rows = []
     for peer in SPLIT_PEERS:
         rows.append(f"| {peer} | " + " | ".join(f"{by[peer][0]:,.0f} | {by[peer][1]:.1f}" for by in costs.values())
                     + " |")
-    own = []
-    for by in costs.values():
-        (bare_fixed, bare_chunk), (ours_fixed, ours_chunk) = by["bare-forwarder"], by["inferwatch"]
-        own.append(f"{ours_fixed - bare_fixed:,.0f} | {ours_chunk - bare_chunk:.1f}")
+    own = [f"{fixed:,.0f} | {per_chunk:.1f}" for fixed, per_chunk in map(own_work, costs.values())]
     rows.append("| inferwatch's own work (difference) | " + " | ".join(own) + " |")
     return rows
 
@@ -223,8 +245,14 @@ def floor_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
     return lines
 
 
-def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
-    """For each missed CPU target: how far off it is, and how much of inferwatch's own work would have to go."""
+def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
+              costs: dict[str, dict[str, tuple[float, float]]]) -> list[str]:
+    """For each missed CPU target: how far off it is, and how much of inferwatch's own work would have to go.
+
+    For a stream cell at the split's concurrency, also the budget the target leaves the sidecar's own work
+    (the allowed CPU less the bare forwarder's) against that work's fixed and per-chunk parts from the split,
+    and the same parts measured unpaced, where one wake-up of the process handles several events.
+    """
     lines = []
     for name, cpu, allowed in missed_cells(unpaced, paced):
         ours, bare = cpu["inferwatch"], cpu["bare-forwarder"]
@@ -233,11 +261,40 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- {name}: {ours - allowed:,.0f} µs per request over the target; the floor alone is "
                 f"{bare - allowed:,.0f} µs over it, so no cut in the sidecar's own work meets it.")
-        else:
-            lines.append(
-                f"- {name}: {ours - allowed:,.0f} µs per request over the target: the sidecar's own work "
+            continue
+        line = (f"- {name}: {ours - allowed:,.0f} µs per request over the target: the sidecar's own work "
                 f"({own:,.0f} µs) would have to shrink by {(ours - allowed) / own:.0%}.")
+        pacing = "paced" if name.startswith("paced") else "unpaced"
+        if name.endswith(f" stream/c{SPLIT_CONCURRENCY}") and pacing in costs:
+            budget = allowed - bare
+            fixed, per_chunk = own_work(costs[pacing])
+            hot_fixed, hot_chunk = own_work(costs["unpaced"])
+            bare_hot, bare_paced = costs["unpaced"]["bare-forwarder"][1], costs[pacing]["bare-forwarder"][1]
+            line += (
+                f" The target leaves it {budget:,.0f} µs a request (vllm-router's CPU less the bare forwarder's). "
+                f"The split below puts it at {fixed:,.0f} µs a request and {per_chunk:.1f} µs a chunk, "
+                f"{fixed + per_chunk * STREAM_CHUNKS:,.0f} µs for {STREAM_CHUNKS} chunks: the part done once per "
+                f"request alone (the span, the metrics, the record, the request's JSON, the first and the usage "
+                f"events parsed) is {fixed / budget:.1f}× the budget. The same work measured unpaced, where one "
+                f"wake-up of the process handles several events, is {hot_fixed:,.0f} µs a request and "
+                f"{hot_chunk:.1f} µs a chunk; at one event per wake-up every chunk runs the reader's few byte "
+                f"scans with cold caches, as it runs the forwarder's own relay code ({bare_hot:.1f} µs a chunk "
+                f"unpaced, {bare_paced:.1f} paced). "
+            )
+            if fixed >= budget:
+                line += ("Meeting this target would take not measuring requests in Python at all, and measuring "
+                         "every request is what the sidecar is for.")
+            else:
+                line += (f"What the fixed part leaves, {budget - fixed:,.0f} µs, is "
+                         f"{(budget - fixed) / STREAM_CHUNKS:.1f} µs a chunk for the reader.")
+        lines.append(line)
     return lines
+
+
+def own_work(costs: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    """Inferwatch's fixed and per-chunk CPU above the bare forwarder's, from one pacing's split."""
+    (bare_fixed, bare_chunk), (ours_fixed, ours_chunk) = costs["bare-forwarder"], costs["inferwatch"]
+    return ours_fixed - bare_fixed, ours_chunk - bare_chunk
 
 
 async def _ttfts(url: str, model: str, concurrency: int, total: int) -> list[float]:
@@ -324,10 +381,11 @@ def main() -> int:
         }
         paced = run_bench(args.venv_root, workdir, "paced", ["--chunk-delay-ms", "5", "--modes", "stream",
                                                              "--concurrency", "16,128"], args.quick)
-        split = split_rows({label: {chunks: run_bench(args.venv_root, workdir, f"split-{label}-{chunks}", [
-            *extra, "--chunks", str(chunks), "--modes", "stream", "--concurrency", "16"], args.quick,
-            peers=SPLIT_PEERS) for chunks in SPLIT_CHUNKS}
-            for label, extra in (("unpaced", []), ("paced", ["--chunk-delay-ms", "5"]))})
+        costs = {label: split_costs({chunks: run_bench(
+            args.venv_root, workdir, f"split-{label}-{chunks}",
+            [*extra, "--chunks", str(chunks), "--modes", "stream", "--concurrency", str(SPLIT_CONCURRENCY)],
+            args.quick, peers=SPLIT_PEERS) for chunks in SPLIT_CHUNKS})
+            for label, extra in (("unpaced", []), ("paced", ["--chunk-delay-ms", "5"]))}
         scaling = {label: run_bench(args.venv_root, workdir, f"scaling-{label}", [
             *extra, "--modes", "stream", "--concurrency", "128"], args.quick, peers=SCALING)
             for label, extra in (("unpaced", []), ("paced 5 ms", ["--chunk-delay-ms", "5"]))}
@@ -337,10 +395,12 @@ def main() -> int:
         + (" --quick" if args.quick else "") + (" --no-vllm" if args.no_vllm else "") + "`"
     lines = [
         f"Command: {command} (revision {revision()}, {machine()}); the shared bench "
-        "(`../shared/tools/peer_proxy_bench.py`) runs every peer alternately in the same rounds, 64 chunks "
-        f"per stream, medians over rounds of 2,000 streams or {NONSTREAM_REQUESTS:,} non-streamed requests.",
+        "(`../shared/tools/peer_proxy_bench.py`) runs every peer alternately in the same rounds, "
+        f"{STREAM_CHUNKS} chunks per stream, medians over rounds of 2,000 streams or {NONSTREAM_REQUESTS:,} "
+        "non-streamed requests.",
         "",
         *verdicts(unpaced, paced),
+        *scaling_verdicts(scaling),
         "",
         "CPU per request of each proxy process (µs), the sidecar's ratio to vllm-router's, the TTFT each adds "
         "over direct (ms, p50), and the upstream's CPU per request through each proxy against direct (the "
@@ -367,7 +427,7 @@ def main() -> int:
         "",
         "What is left of each missed target, against what could close it:",
         "",
-        *gap_lines(unpaced, paced),
+        *gap_lines(unpaced, paced, costs),
         "",
         "What the sidecar's own work is: many small pieces, each done once per request (the OpenTelemetry span "
         "and its traceparent, the JSON body and admission, the metrics with their exemplars, the log sampling "
@@ -388,11 +448,12 @@ def main() -> int:
         "| process | unpaced: fixed CPU per request (µs) | unpaced: CPU per chunk (µs) "
         "| paced: fixed CPU per request (µs) | paced: CPU per chunk (µs) |",
         "|---|---:|---:|---:|---:|",
-        *split,
+        *split_rows(costs),
         "",
-        "Using more than one core, `serve --workers 2` against one process, streams at concurrency 128 in the "
-        "same rounds (throughput as the bench's fraction of direct; CPU per request of all the sidecar's "
-        "processes; on this 2-core machine the client and the upstream share the cores with the workers):",
+        "Using more than one core, `serve --workers 2` against one process and vllm-router (whose Rust runtime "
+        "runs on every core), streams at concurrency 128 in the same rounds (throughput as the bench's fraction "
+        "of direct; CPU per request of all of a peer's processes; on this 2-core machine the client and the "
+        "upstream share the cores with the workers):",
         "",
         "| cell | workers | req/s | throughput vs direct | added TTFT p50 (ms) | CPU per request (µs) |",
         "|---|---:|---:|---:|---:|---:|",
