@@ -13,6 +13,7 @@ It also judges the stream: a ``data:`` line that is not JSON, or an event larger
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,9 @@ _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _RUNNING = b'"finish_reason":null'
 _RUNNING_SPACED = b'"finish_reason": null'
 _ZEROS = [0.0] * 256
+_IN_STRING_ESCAPES = re.compile(rb'["\\\r\n]')
+"""What a text between a template's two parts must not hold: it could end the JSON string (or the line)."""
+_TEXT_KEYS = (b'"content":', b'"text":')
 
 
 @dataclass(slots=True)
@@ -67,6 +71,8 @@ class SseReader:
         self._on_usage = on_usage
         self._max_event_bytes = max_event_bytes
         self._trace_id = trace_id
+        self._template: tuple[bytes, bytes] | None = None
+        """The bytes before and after the text of the stream's first plain content event (see :func:`_template_of`)."""
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a network chunk that arrived at ``now_ns``; return the complete events to forward."""
@@ -76,12 +82,26 @@ class SseReader:
         if not self._buffer and stats.first_content_ns is not None:
             # The usual read of a paced stream (a GPU's decode step apart): exactly one ordinary content
             # event, one ``data: {...}`` line and its blank line, a choice running, no usage, no error.
-            # Forwarded as it came and counted; the tests of the hot path below, for one event.
-            last = len(data) - 2
-            if (data.find(b"\n") == last and data.endswith(b"\n\n") and data.startswith(b"data: {")
-                    and (self._max_event_bytes is None or last + 2 <= self._max_event_bytes)
-                    and data.count(_RUNNING) + data.count(_RUNNING_SPACED) == 1
-                    and data.find(b"\r") < 0 and data.find(b'"usage"') < 0 and data.find(b'"error"') < 0):
+            # Forwarded as it came and counted. Cheapest test first: the bytes around the text are those
+            # of the stream's first such event (its ``template``) and the text has no quote, backslash or
+            # line end, so it cannot have ended the string; then this event is that one with another text.
+            # Else the tests of the hot path below, for one event (and the template learnt from it).
+            template, limit = self._template, self._max_event_bytes
+            if template is not None:
+                prefix, suffix = template
+                end = len(data) - len(suffix)
+                plain = (end >= len(prefix) and data.startswith(prefix) and data.endswith(suffix)
+                         and _IN_STRING_ESCAPES.search(data, len(prefix), end) is None)
+            else:
+                plain = False
+            if not plain:
+                last = len(data) - 2
+                plain = (data.find(b"\n") == last and data.endswith(b"\n\n") and data.startswith(b"data: {")
+                         and data.count(_RUNNING) + data.count(_RUNNING_SPACED) == 1 and data.find(b"\r") < 0
+                         and data.find(b'"usage"') < 0 and data.find(b'"error"') < 0)
+                if plain and template is None:
+                    self._template = _template_of(data)
+            if plain and (limit is None or len(data) <= limit):
                 stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
                 stats.last_content_ns = now_ns
                 stats.content_events += 1
@@ -311,6 +331,29 @@ def _running_run(buffer: bytes, start: int, limit: int, complete: int) -> tuple[
         if run.count(b"data: {") == events and run.count(_RUNNING) + run.count(_RUNNING_SPACED) == events:
             return run_end, events
     return start, 0
+
+
+def _template_of(event: bytes) -> tuple[bytes, bytes] | None:
+    """A plain content event's bytes before its text and after it: ``(b'data: {..."content":"', b'"}...}\\n\\n')``.
+
+    The text is the first ``content`` (chat) or ``text`` (completions) string value; None when it has
+    none, or when its text holds an escape (the template's parts must be exactly what surrounds a
+    string's characters). Another event that starts and ends with these parts and has between them
+    only characters that cannot end a JSON string (no quote, backslash or line end) is the same event
+    with another text: plain content as well.
+    """
+    for key in _TEXT_KEYS:
+        at = event.find(key)
+        if at < 0:
+            continue
+        opening = at + len(key) + (event[at + len(key):at + len(key) + 1] == b" ")
+        if event[opening:opening + 1] != b'"':
+            return None
+        closing = event.find(b'"', opening + 1)
+        if closing < 0 or event.find(b"\\", opening + 1, closing) >= 0:
+            return None
+        return event[:opening + 1], event[closing:]
+    return None
 
 
 def _first(data: bytes, needle: bytes, end: int) -> int:

@@ -205,3 +205,33 @@ def test_a_paced_stream_read_one_event_at_a_time_is_forwarded_and_counted_the_sa
     reads = [*events, _USAGE_CHUNK, b"data: [DONE]\n\n"]
     expected = b"".join(events) + (b"" if strip else _USAGE_CHUNK) + b"data: [DONE]\n\n"
     _check_forwarded_and_counted(reads, expected, kinds, content, strip)
+
+
+_MIDDLES = st.lists(st.sampled_from([b"a", b" ", b'"', b"\\", b"\\n", b"\r", b"\n", b"}", b'"usage"', b'"error"',
+                                     b'", "finish_reason": "stop', b'", "usage": {"completion_tokens": 3}, "x": "']),
+                    max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(middle=_MIDDLES, spaced=st.booleans())
+def test_the_template_of_a_paced_stream_never_changes_what_is_forwarded_or_counted(middle: list[bytes],
+                                                                                   spaced: bool) -> None:
+    """After the first plain content event, an event made of its bytes around the text and any text between
+    them (quotes, escapes, line ends, members smuggled in) is forwarded and counted as the full tests judge it."""
+    role = _event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    first = _chunk("a")
+    if not spaced:  # vLLM's compact form
+        first = b"data: " + json.dumps(json.loads(first[6:]), separators=(",", ":")).encode() + b"\n\n"
+    text_at = first.index(b'"a"') + 1
+    event = first[:text_at] + b"".join(middle) + first[text_at + 1:]
+    results = []
+    for template in (True, False):
+        reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+        out = reader.feed(role, 1) + reader.feed(first, 2) + reader.feed(first, 3)
+        if not template:
+            reader._template = None  # the full tests only, for this event
+        out += reader.feed(event, 4) + reader.feed(b"data: [DONE]\n\n", 5) + reader.flush()
+        stats = reader.stats
+        results.append((out, stats.content_events, stats.gaps_s, stats.problem, stats.finish_reason,
+                        stats.completion_tokens))
+    assert results[0] == results[1]
