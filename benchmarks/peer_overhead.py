@@ -115,9 +115,10 @@ def cell_rows(summary: dict[str, Any], label: str) -> list[str]:
     return rows
 
 
-SCALING = ("vllm-router-rs", "inferwatch", "inferwatch-2w")
-"""vllm-router (its Rust runtime uses every core) beside the sidecar with one and with two workers."""
 SCALING_ROWS = (("vllm-router-rs", "vllm-router"), ("inferwatch", "1"), ("inferwatch-2w", "2"))
+"""The scaling runs' peers and their rows' "workers" cell: vllm-router (its Rust runtime uses every core) beside
+the sidecar with one and with two workers."""
+SCALING = tuple(peer for peer, _ in SCALING_ROWS)
 
 
 def scaling_rows(runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -160,6 +161,7 @@ STREAM_CHUNKS = 64
 """Content chunks per stream in the cells (the shared bench's default)."""
 SPLIT_CHUNKS = (8, 128)
 SPLIT_CONCURRENCY = 16
+SPLIT_CELL = f"stream/c{SPLIT_CONCURRENCY}"
 SPLIT_PEERS = ("bare-forwarder", "inferwatch")
 """The floor and us: their difference is the sidecar's own work."""
 
@@ -169,8 +171,8 @@ def split_costs(runs: dict[int, dict[str, Any]]) -> dict[str, tuple[float, float
     (short, few), (long, many) = sorted(runs.items())
     costs = {}
     for peer in SPLIT_PEERS:
-        low = few["stream/c16"][peer]["cpu_us_per_req"][peer]
-        high = many["stream/c16"][peer]["cpu_us_per_req"][peer]
+        low = few[SPLIT_CELL][peer]["cpu_us_per_req"][peer]
+        high = many[SPLIT_CELL][peer]["cpu_us_per_req"][peer]
         per_chunk = (high - low) / (long - short)
         costs[peer] = (low - per_chunk * short, per_chunk)
     return costs
@@ -281,7 +283,7 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
         line = (f"- {name}: {ours - allowed:,.0f} µs per request over the target: the sidecar's own work "
                 f"({own:,.0f} µs) would have to shrink by {(ours - allowed) / own:.0%}.")
         pacing = "paced" if name.startswith("paced") else "unpaced"
-        if name.endswith(f" stream/c{SPLIT_CONCURRENCY}") and pacing in costs:
+        if name.endswith(f" {SPLIT_CELL}") and pacing in costs:
             budget = allowed - bare
             fixed, per_chunk = own_work(costs[pacing])
             hot_fixed, hot_chunk = own_work(costs["unpaced"])
@@ -462,9 +464,9 @@ def main() -> int:
         "read into a mapping, an answer head written, the slow-header timer.",
         "",
         f"Where the CPU goes, per request and per chunk: streams of {SPLIT_CHUNKS[0]} and {SPLIT_CHUNKS[1]} "
-        "chunks at concurrency 16, unpaced and paced 5 ms/chunk, CPU per request = fixed + per chunk × chunks "
-        "solved from the two (a paced chunk is one socket read and one write each way; unpaced, a read brings "
-        "several):",
+        f"chunks at concurrency {SPLIT_CONCURRENCY}, unpaced and paced 5 ms/chunk, CPU per request = fixed + per "
+        "chunk × chunks solved from the two (a paced chunk is one socket read and one write each way; unpaced, a "
+        "read brings several):",
         "",
         "| process | unpaced: fixed CPU per request (µs) | unpaced: CPU per chunk (µs) "
         "| paced: fixed CPU per request (µs) | paced: CPU per chunk (µs) |",

@@ -172,7 +172,9 @@ def profile(mode: str, requests: int, workdir: Path, py_spy: str) -> tuple[Count
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=3000, help="requests per mode (default 3000)")
+    parser.add_argument("--requests", type=int, default=3000,
+                        help="paced streams (default 3000); twice as many unpaced streams and five times as many "
+                        "non-streamed requests")
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
