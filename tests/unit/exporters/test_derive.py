@@ -51,6 +51,16 @@ def test_a_request_receiving_tokens_is_running_before_an_older_one_still_waiting
     assert running_entries([waiting, InFlight("m", 1190, 3)], 1.0) == [waiting]  # none generating: the oldest
 
 
+def test_with_the_running_count_unknown_requests_join_while_their_blocks_fit() -> None:
+    """No running count: the generating stream, then the oldest others while they fit in 64 blocks,
+    stopping at the first that does not (first come, first served), not skipping to a smaller one."""
+    old, big, small = InFlight("m", 30 * 32, 1), InFlight("m", 30 * 32, 2), InFlight("m", 32, 3)
+    generating = InFlight("m", 10 * 32, 4, generating=True)
+    assert running_entries([old, big, small, generating], None, 32, 64) == [generating, old]
+    assert running_entries([old, small, generating], None, 32, 64) == [generating, old, small]
+    assert running_entries([old, big], None, 32, None) == [old, big]  # capacity unknown: all
+
+
 def test_measured_blocks_give_the_ratio_when_the_plugin_reports_them() -> None:
     """With vLLM's own blocks in use, the ratio is 1 - tokens / (measured x block size), never below 0."""
     (frag,) = fragmentation([InFlight("m", 40)], 32, measured_blocks=4.0)
