@@ -27,6 +27,7 @@ _ZEROS = [0.0] * 256
 _IN_STRING_ESCAPES = re.compile(rb'["\\\r\n]')
 """What a text between a template's two parts must not hold: it could end the JSON string (or the line)."""
 _TEXT_KEYS = (b'"content":', b'"text":')
+_TEMPLATE_TRIES = 4
 
 
 @dataclass(slots=True)
@@ -73,6 +74,8 @@ class SseReader:
         self._trace_id = trace_id
         self._template: tuple[bytes, bytes] | None = None
         """The bytes before and after the text of the stream's first plain content event (see :func:`_template_of`)."""
+        self._template_tries = _TEMPLATE_TRIES
+        """Plain events left to learn a template from (a tool-call stream, with no text string, never gives one)."""
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a network chunk that arrived at ``now_ns``; return the complete events to forward."""
@@ -99,8 +102,9 @@ class SseReader:
                 plain = (data.find(b"\n") == last and data.endswith(b"\n\n") and data.startswith(b"data: {")
                          and data.count(_RUNNING) + data.count(_RUNNING_SPACED) == 1 and data.find(b"\r") < 0
                          and data.find(b'"usage"') < 0 and data.find(b'"error"') < 0)
-                if plain and template is None:
+                if plain and template is None and self._template_tries:
                     self._template = _template_of(data)
+                    self._template_tries -= 1
             if plain and (limit is None or len(data) <= limit):
                 stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
                 stats.last_content_ns = now_ns

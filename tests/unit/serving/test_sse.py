@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serving import sse
 from serving.sse import SseReader
 
 
@@ -235,3 +236,20 @@ def test_the_template_of_a_paced_stream_never_changes_what_is_forwarded_or_count
         results.append((out, stats.content_events, stats.gaps_s, stats.problem, stats.finish_reason,
                         stats.completion_tokens))
     assert results[0] == results[1]
+
+
+def test_a_tool_call_stream_stops_looking_for_a_template_and_still_counts_every_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool-call stream has no text string to learn a template from: the reader gives up after a few
+    plain events rather than scanning every one for it, and counts all of them as before."""
+    calls = []
+    real = sse._template_of
+    monkeypatch.setattr(sse, "_template_of", lambda event: calls.append(event) or real(event))
+    reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+    call = {"index": 0, "function": {"arguments": "{}"}}
+    events = [_event({"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]})] * 40
+    out = b"".join(reader.feed(event, n) for n, event in enumerate(events, 1))
+    assert out == b"".join(events)
+    assert reader.stats.content_events == 40
+    assert len(calls) == sse._TEMPLATE_TRIES
