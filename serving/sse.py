@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -23,7 +24,6 @@ import orjson
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _RUNNING = b'"finish_reason":null'
 _RUNNING_SPACED = b'"finish_reason": null'
-_ZEROS = [0.0] * 256
 _IN_STRING_ESCAPES = re.compile(rb'["\\\r\n]')
 """What a text between a template's two parts must not hold: it could end the JSON string (or the line)."""
 _TEXT_KEYS = (b'"content":', b'"text":')
@@ -34,10 +34,9 @@ _TEMPLATE_TRIES = 4
 class StreamStats:
     """What was seen in a stream so far."""
 
-    first_content_ns: int | None = None
-    last_content_ns: int | None = None
-    content_events: int = 0
-    gaps_s: list[float] = field(default_factory=list)
+    content_ns: list[int] = field(default_factory=list)
+    """When each content chunk arrived (``perf_counter_ns``; chunks that came in one read share a time). One
+    append per chunk is all the hot path does: the gaps are worked out once, when the stream is done."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
@@ -48,9 +47,30 @@ class StreamStats:
     problem: str | None = None
     """Why the stream cannot be forwarded further: ``upstream_malformed_event`` or ``upstream_event_too_large``."""
 
+    @property
+    def content_events(self) -> int:
+        """Content chunks so far (one token each, as vLLM streams them)."""
+        return len(self.content_ns)
+
+    @property
+    def first_content_ns(self) -> int | None:
+        """When the first content chunk arrived, or None before it."""
+        return self.content_ns[0] if self.content_ns else None
+
+    @property
+    def last_content_ns(self) -> int | None:
+        """When the latest content chunk arrived, or None before the first."""
+        content_ns = self.content_ns
+        return content_ns[-1] if content_ns else None
+
+    @property
+    def gaps_s(self) -> list[float]:
+        """Seconds between consecutive content chunks (0 for chunks that came in one read)."""
+        return [(later - earlier) / 1e9 for earlier, later in pairwise(self.content_ns)]
+
     def ttft_s(self, start_ns: int) -> float | None:
         """Seconds from ``start_ns`` to the first content chunk, or None when none came."""
-        return None if self.first_content_ns is None else (self.first_content_ns - start_ns) / 1e9
+        return (self.content_ns[0] - start_ns) / 1e9 if self.content_ns else None
 
 
 class SseReader:
@@ -82,7 +102,7 @@ class SseReader:
         stats = self.stats
         if stats.problem is not None:
             return b""
-        if not self._buffer and stats.first_content_ns is not None:
+        if not self._buffer and stats.content_ns:
             # The usual read of a paced stream (a GPU's decode step apart): exactly one ordinary content
             # event, one ``data: {...}`` line and its blank line, a choice running, no usage, no error.
             # Forwarded as it came and counted. Cheapest test first: the bytes around the text are those
@@ -106,16 +126,14 @@ class SseReader:
                     self._template = _template_of(data)
                     self._template_tries -= 1
             if plain and (limit is None or len(data) <= limit):
-                stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
-                stats.last_content_ns = now_ns
-                stats.content_events += 1
+                stats.content_ns.append(now_ns)
                 return data
         buffer = self._buffer + data if self._buffer else data
         # Byte tests use ``find``, not ``in``: ``needle in bytes`` first tries the needle as an
         # integer and pays for the TypeError, which costs more than the scan of a chunk.
         if buffer.find(b"\r") >= 0:
             return self._feed_general(buffer, now_ns)
-        if stats.first_content_ns is not None and (self._max_event_bytes is None
+        if stats.content_ns and (self._max_event_bytes is None
                                                    or len(buffer) <= self._max_event_bytes):
             # The hot path: everything complete in this read is ordinary mid-stream content
             # (one ``data: {...}`` line per event, each with a running choice, no usage, no
@@ -156,7 +174,7 @@ class SseReader:
         bulk = one_line_each  # the run of plain content events up to clean_until may be counted at once
         index = 0
         while index < len(events):
-            if bulk and stats.first_content_ns is not None:
+            if bulk and stats.content_ns:
                 # A whole stream in one read (an upstream faster than us): after the first content
                 # event, the events before the first "usage" or "error" are counted in bulk.
                 bulk = False
@@ -171,7 +189,7 @@ class SseReader:
             end = pos + len(body) + 2
             payload: bytes | None = None  # the JSON of a one-line data event
             if body.startswith(b"data: {") and (one_line_each or body.find(b"\n") < 0):
-                if stats.first_content_ns is not None and _is_running(body) and (
+                if stats.content_ns and _is_running(body) and (
                         end <= clean_until or _no_usage_no_error(body)):
                     counted += 1  # a content chunk among others (first, last, usage) in this read
                     pos = end
@@ -199,12 +217,10 @@ class SseReader:
 
     def _count_content(self, events: int, now_ns: int) -> None:
         """Count ``events`` mid-stream content events that arrived together at ``now_ns``: 0 s apart after the first."""
-        stats = self.stats
-        stats.gaps_s.append((now_ns - stats.last_content_ns) / 1e9)  # type: ignore[operator]
-        if events > 1:
-            stats.gaps_s.extend(_ZEROS[: events - 1] if events <= len(_ZEROS) else [0.0] * (events - 1))
-        stats.last_content_ns = now_ns
-        stats.content_events += events
+        if events == 1:
+            self.stats.content_ns.append(now_ns)
+        else:
+            self.stats.content_ns.extend([now_ns] * events)
 
     def _check_size(self, complete: list[bytes]) -> None:
         """Flag an event (complete, or still unterminated in the buffer) larger than ``max_event_bytes``."""
@@ -298,13 +314,7 @@ class SseReader:
                 error["trace_id"] = self._trace_id  # rare: worth a re-serialization
                 return b"data: " + orjson.dumps(obj) + b"\n\n"
         if content:
-            last = stats.last_content_ns
-            if last is None:
-                stats.first_content_ns = now_ns
-            else:
-                stats.gaps_s.append((now_ns - last) / 1e9)
-            stats.last_content_ns = now_ns
-            stats.content_events += 1
+            stats.content_ns.append(now_ns)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             stats.prompt_tokens = usage.get("prompt_tokens", stats.prompt_tokens)
