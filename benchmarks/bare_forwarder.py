@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from serving.exchange import Exchange, ProxyHandler
 from serving.front import Front
-from serving.stream_relay import StreamRelay
+from serving.stream_relay import PieceReader, StreamRelay
 from serving.upstream_http import UpstreamPool
 
 DROPPED = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive"})
@@ -41,8 +42,8 @@ class PassThrough:
         return data
 
 
-def forwarder(pool: UpstreamPool) -> ProxyHandler:
-    """Forward each request to the pool's upstream, streaming answers as they come."""
+def forwarder(pool: UpstreamPool, reader: Callable[[], PieceReader] = PassThrough) -> ProxyHandler:
+    """Forward each request to the pool's upstream, streaming answers as they come through a new ``reader()``."""
 
     async def forward(request: Exchange) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
@@ -52,7 +53,7 @@ def forwarder(pool: UpstreamPool) -> ProxyHandler:
             out = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED | {"content-encoding"}}
             if answer.headers.get("Content-Type", "").startswith("text/event-stream"):
                 client = await request.start_stream(answer.status, out)
-                await StreamRelay(answer, PassThrough(), 300.0, None).run(client)
+                await StreamRelay(answer, reader(), 300.0, None).run(client)
                 await client.finish(b"")
             else:
                 request.respond(answer.status, out, await answer.read_body(300.0))
@@ -62,7 +63,9 @@ def forwarder(pool: UpstreamPool) -> ProxyHandler:
     return forward
 
 
-async def serve(upstream: str, host: str, port: int) -> None:
+async def serve(upstream: str, host: str, port: int, reader: Callable[[], PieceReader] = PassThrough) -> None:
+    """Forward ``/v1/*`` on ``host:port`` to ``upstream`` (benchmarks/chunk_read_cost.py passes other readers)."""
+
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -71,7 +74,7 @@ async def serve(upstream: str, host: str, port: int) -> None:
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     pool = UpstreamPool(upstream, connect_timeout_s=5.0)
-    front = Front(forwarder(pool), header_timeout_s=75.0, max_body_bytes=1 << 26)
+    front = Front(forwarder(pool, reader), header_timeout_s=75.0, max_body_bytes=1 << 26)
     await front.listen(runner, host, port)
     await asyncio.Event().wait()
 

@@ -306,7 +306,8 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
                 allowed_chunk = (budget - fixed) / STREAM_CHUNKS
                 line += (f"The fixed part fits the budget; the rest would have to stay under {allowed_chunk:.1f} µs "
                          f"a chunk, against {per_chunk:.1f} in the split and {(own - fixed) / STREAM_CHUNKS:.1f} in "
-                         "this cell (its own work less the split's fixed part).")
+                         "this cell (its own work less the split's fixed part); \"Reading a paced chunk\" below "
+                         "times the SSE reader's share of it in the running sidecar.")
                 if per_chunk <= allowed_chunk:
                     line += (" The split's figures meet the target and this cell's do not: the difference is the "
                              "spread between the bench's runs.")
