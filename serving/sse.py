@@ -76,6 +76,11 @@ class StreamStats:
 class SseReader:
     """Splits a byte stream into SSE events, measures them and decides what to forward."""
 
+    # Slots: a paced stream's chunk finds the reader cold in the caches; its fields in the object itself
+    # are one memory read fewer than in a separate values array.
+    __slots__ = ("_buffer", "_max_event_bytes", "_on_usage", "_strip_usage_chunk", "_strip_usage_field",
+                 "_template", "_template_tries", "_trace_id", "stats")
+
     def __init__(
         self,
         *,
