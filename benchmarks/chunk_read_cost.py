@@ -14,7 +14,9 @@ relay's socket callback) while it serves streams at concurrency 16:
 - ``inferwatch serve`` at its defaults (its own SSE reader, with the rest of its work around it).
 
 The same readers are also timed in a loop over the upstream's own events, one event a call, warm
-(caches hot, as a read that brings several events sees them). Rounds alternate the servers.
+(caches hot, as a read that brings several events sees them). Rounds alternate the servers. A
+stream's mid-stream calls (what each further chunk costs) are reported apart from its first and
+last two (the events the SSE reader parses: a cost per stream).
 
     .venv/bin/python benchmarks/chunk_read_cost.py [--rounds 3] [--streams 400] [--write]
 """
@@ -24,13 +26,14 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import json
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,6 +51,8 @@ WARM_UP = 64
 """Streams sent to each server before its timed ones (connections opened, first-use paths taken)."""
 WARM_LOOPS = 200
 """Streams fed to each reader in the warm loop."""
+ENDS = 2
+"""Calls at each end of a stream kept apart from the mid-stream ones."""
 
 
 class CountingReader:
@@ -88,33 +93,43 @@ SERVERS = {  # name -> (row label, reader in the bare forwarder; None: inferwatc
 }
 
 
-def timed(feed: Callable[[bytes, int], bytes], starts: array.array, took: array.array) -> Callable[[bytes, int], bytes]:
-    """``feed`` with each call's start and duration (perf_counter_ns, the host's monotonic clock) noted."""
-    clock = time.perf_counter_ns
+class StreamCalls:
+    """The durations (ns) of one stream's reader calls, in order, and when its first call began."""
 
-    def feed_timed(data: bytes, now_ns: int) -> bytes:
-        began = clock()
-        out = feed(data, now_ns)
-        took.append(clock() - began)
-        starts.append(began)
-        return out
+    __slots__ = ("began", "took")
 
-    return feed_timed
+    def __init__(self) -> None:
+        self.began = 0
+        self.took = array.array("q")
+
+    def timed(self, feed: Callable[[bytes, int], bytes]) -> Callable[[bytes, int], bytes]:
+        """``feed`` with each call's duration noted (perf_counter_ns, the host's monotonic clock)."""
+        clock, took = time.perf_counter_ns, self.took
+
+        def feed_timed(data: bytes, now_ns: int) -> bytes:
+            began = clock()
+            out = feed(data, now_ns)
+            took.append(clock() - began)
+            return out
+
+        self.began = clock()
+        return feed_timed
 
 
 def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -> None:
-    """Serve with the reader of ``name`` timed; on SIGINT, write the calls' starts and durations to ``out``."""
+    """Serve with the reader of ``name`` timed; on SIGINT, write each stream's calls to ``out`` (JSON)."""
     import uvloop
 
     from benchmarks import bare_forwarder
     from serving import stream_relay
 
-    starts, took = array.array("q"), array.array("q")
+    streams: list[StreamCalls] = []
     original = stream_relay.StreamRelay.__init__
 
     def relay_init(self: stream_relay.StreamRelay, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)  # type: ignore[arg-type]
-        self._feed = timed(self._feed, starts, took)
+        streams.append(calls := StreamCalls())
+        self._feed = calls.timed(self._feed)
 
     stream_relay.StreamRelay.__init__ = relay_init  # type: ignore[method-assign]
     try:
@@ -129,22 +144,23 @@ def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -
     except KeyboardInterrupt:
         pass
     finally:
-        out.write_bytes(len(starts).to_bytes(8, "little") + starts.tobytes() + took.tobytes())
+        out.write_text(json.dumps([[calls.began, calls.took.tolist()] for calls in streams]))
 
 
-def read_calls(path: Path, since_ns: int, until_ns: int) -> list[int]:
-    """The durations (ns) of the calls a server noted that started within ``[since_ns, until_ns]``."""
-    raw = path.read_bytes()
-    count = int.from_bytes(raw[:8], "little")
-    starts, took = array.array("q"), array.array("q")
-    starts.frombytes(raw[8:8 + 8 * count])
-    took.frombytes(raw[8 + 8 * count:])
-    return [t for s, t in zip(starts, took, strict=True) if since_ns <= s <= until_ns]
+def split_calls(streams: Iterable[list[int]]) -> tuple[list[int], list[int]]:
+    """Each stream's calls split in two: mid-stream ones, and its first ``ENDS`` and last ``ENDS`` (the role and
+    first content events, which the SSE reader parses; the finishing event and ``[DONE]``)."""
+    middle: list[int] = []
+    ends: list[int] = []
+    for took in streams:
+        middle += took[ENDS:-ENDS]
+        ends += took[:ENDS] + took[-ENDS:]
+    return middle, ends
 
 
-def one_round(name: str, upstream: str, streams: int, workdir: Path) -> list[int]:
-    """Start the server of ``name``, warm it up, time ``streams`` streams through it; the reader's call durations."""
-    port, out = free_port(), workdir / f"{name}.calls"
+def one_round(name: str, upstream: str, streams: int, workdir: Path) -> list[list[int]]:
+    """Start the server of ``name``, warm it up, time ``streams`` streams through it; each one's call durations."""
+    port, out = free_port(), workdir / f"{name}.json"
     server = subprocess.Popen([sys.executable, __file__, "--serve", name, "--upstream", upstream, "--port", str(port),
                                "--out", str(out), "--logs-dir", str(workdir / f"logs-{name}")],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -158,7 +174,7 @@ def one_round(name: str, upstream: str, streams: int, workdir: Path) -> list[int
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=60)
-    return read_calls(out, since, until)
+    return [took for began, took in json.loads(out.read_text()) if since <= began <= until and len(took) > 2 * ENDS]
 
 
 def upstream_events(upstream: str) -> list[bytes]:
@@ -171,30 +187,36 @@ def upstream_events(upstream: str) -> list[bytes]:
     return [event + b"\n\n" for event in text.split(b"\n\n") if event]
 
 
-def warm_ns(reader: Callable[[], PieceReader], events: list[bytes]) -> list[int]:
-    """Durations (ns) of the reader's calls fed ``events`` one a call, ``WARM_LOOPS`` streams in a row."""
-    starts, took = array.array("q"), array.array("q")
+def warm_streams(reader: Callable[[], PieceReader], events: list[bytes]) -> list[list[int]]:
+    """Call durations (ns) of the reader fed ``events`` one a call, ``WARM_LOOPS`` streams in a row."""
+    out = []
     for _ in range(WARM_LOOPS):
-        feed = timed(reader().feed, starts, took)
+        calls = StreamCalls()
+        feed = calls.timed(reader().feed)
         for event in events:
             feed(event, time.perf_counter_ns())
-    return list(took)
+        out.append(calls.took.tolist())
+    return out
 
 
 def mean_us(values: list[int]) -> float:
     return sum(values) / len(values) / 1e3 if values else float("nan")
 
 
-def report(calls: dict[str, list[int]], warm: dict[str, list[int]], args: argparse.Namespace) -> str:
+def report(runs: dict[str, list[list[int]]], warm: dict[str, list[list[int]]], args: argparse.Namespace) -> str:
+    """The section: per server, the mid-stream calls against the same reader's in the warm loop, and the ends."""
+    split = {name: split_calls(streams) for name, streams in runs.items()}
+    hot = {reader: split_calls(streams) for reader, streams in warm.items()}
     rows = []
     for name, (label, reader) in SERVERS.items():
-        hot = warm[reader or "sse"]
-        rows.append(f"| {label} | {len(calls[name]):,} | {mean_us(calls[name]):.2f} | "
-                    f"{percentile(calls[name], 0.5) / 1e3:.2f} | {mean_us(hot):.2f} | "
-                    f"{mean_us(calls[name]) / mean_us(hot):.1f}× |")
-    floor = mean_us(calls["pass"])
-    count, bare_sse, ours = (mean_us(calls[n]) - floor for n in ("count", "sse", "inferwatch"))
-    warm_sse = mean_us(warm["sse"]) - mean_us(warm["pass"])
+        (middle, ends), warm_middle = split[name], hot[reader or "sse"][0]
+        rows.append(f"| {label} | {len(runs[name]):,} | {mean_us(middle):.2f} | {percentile(middle, 0.5) / 1e3:.2f} | "
+                    f"{mean_us(warm_middle):.2f} | {mean_us(middle) / mean_us(warm_middle):.1f}× | "
+                    f"{mean_us(ends):.1f} |")
+    floor = mean_us(split["pass"][0])
+    count, bare_sse, ours = (mean_us(split[name][0]) - floor for name in ("count", "sse", "inferwatch"))
+    warm_sse = mean_us(hot["sse"][0]) - mean_us(hot["pass"][0])
+    ends_us = mean_us(split["inferwatch"][1]) - mean_us(split["pass"][1])
     command = (f"`.venv/bin/python benchmarks/chunk_read_cost.py --rounds {args.rounds} --streams {args.streams}"
                " --write`")
     return "\n".join([
@@ -202,19 +224,22 @@ def report(calls: dict[str, list[int]], warm: dict[str, list[int]], args: argpar
         f"{CHUNK_DELAY_MS:g} ms per chunk, 64-chunk chat streams at concurrency 16, {args.streams:,} streams a "
         f"round after {WARM_UP} of warm-up, {args.rounds} rounds alternating the servers. Each server times "
         "every call of its stream reader in the relay's socket callback (one call per socket read: here, per "
-        "event); the warm column feeds the same reader the upstream's own events in a loop, one a call, "
-        f"{WARM_LOOPS} streams in a row. The timer's own cost is in every figure (the first row).",
+        "event). Mid-stream calls are all but a stream's first and last "
+        f"{ENDS} (its role and first content events, which the SSE reader parses, and its finishing event and "
+        "`[DONE]`): what each further chunk costs. The warm loop feeds the same reader the upstream's own "
+        f"events, one a call, {WARM_LOOPS} streams in a row. The timer's own cost is in every figure (the first row).",
         "",
-        "| server and reader | calls timed | running server: mean µs per call | p50 | warm loop: mean µs per call "
-        "| running / warm |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| server and reader | streams timed | mid-stream call, running server: mean µs | p50 | warm loop: mean µs "
+        f"| running / warm | first and last {ENDS} calls, running server: mean µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        f"Less the timer's own cost: counting a chunk and noting its time, nothing else, costs {count:.2f} µs a "
-        f"chunk in the running forwarder; inferwatch's SSE reader costs {bare_sse:.2f} µs there and {ours:.2f} µs "
-        f"in the running sidecar, against {warm_sse:.2f} µs in the warm loop. A paced stream wakes the process "
-        "once per chunk, so each chunk's work finds the reader, its counters and the code cold in the caches; "
-        "what a loop measures is not what a paced chunk costs.",
+        f"Less the timer's own cost, a mid-stream chunk costs: {count:.2f} µs to count it and note its time, "
+        f"nothing else, in the running forwarder; {bare_sse:.2f} µs through inferwatch's SSE reader there and "
+        f"{ours:.2f} µs in the running sidecar, against {warm_sse:.2f} µs in the warm loop. A paced stream wakes "
+        "the process once per chunk, so each chunk's work finds the reader, its state and the code cold in the "
+        "caches; what a loop measures is not what a paced chunk costs. The sidecar's reader also spends "
+        f"{ends_us:.1f} µs on each of a stream's first and last {ENDS} calls, {2 * ENDS * ends_us:,.0f} µs a stream.",
     ])
 
 
@@ -239,22 +264,23 @@ def main() -> int:
     upstream = subprocess.Popen([sys.executable, str(BENCH), "upstream", "--port", str(upstream_port),
                                  "--chunk-delay-ms", str(CHUNK_DELAY_MS)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    calls: dict[str, list[int]] = {name: [] for name in SERVERS}
+    runs: dict[str, list[list[int]]] = {name: [] for name in SERVERS}
     try:
         url = f"http://127.0.0.1:{upstream_port}"
         wait_ready(url + "/v1/models")
         events = upstream_events(url)
-        warm = {reader: warm_ns(factory, events) for reader, factory in READERS.items()}
+        warm = {reader: warm_streams(factory, events) for reader, factory in READERS.items()}
         with tempfile.TemporaryDirectory(prefix="chunk-read-cost-") as tmp:
             for round_ in range(1, args.rounds + 1):
                 for name in SERVERS:
-                    calls[name] += one_round(name, url, args.streams, Path(tmp))
-                    print(f"round {round_}/{args.rounds} {name}: {mean_us(calls[name]):.2f} µs a call so far",
+                    runs[name] += one_round(name, url, args.streams, Path(tmp))
+                    middle = split_calls(runs[name])[0]
+                    print(f"round {round_}/{args.rounds} {name}: {mean_us(middle):.2f} µs a mid-stream call so far",
                           file=sys.stderr, flush=True)
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
-    text = report(calls, warm, args)
+    text = report(runs, warm, args)
     print(text)
     if args.write:
         write_section(SECTION, text)
