@@ -43,9 +43,13 @@ stopped (preempted: back in vLLM's queue with its blocks freed, though it has ha
 class ContentCounter(Protocol):
     """What a stream's statistics offer: the content chunks seen so far (one token each), and when the last came."""
 
-    content_events: int
-    last_content_ns: int | None
-    """``time.perf_counter_ns`` of the latest content chunk."""
+    @property
+    def content_events(self) -> int:
+        """Content chunks so far."""
+
+    @property
+    def last_content_ns(self) -> int | None:
+        """``time.perf_counter_ns`` of the latest content chunk."""
 
 
 class InFlightTokens:

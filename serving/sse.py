@@ -138,8 +138,7 @@ class SseReader:
         # integer and pays for the TypeError, which costs more than the scan of a chunk.
         if buffer.find(b"\r") >= 0:
             return self._feed_general(buffer, now_ns)
-        if stats.content_ns and (self._max_event_bytes is None
-                                                   or len(buffer) <= self._max_event_bytes):
+        if stats.content_ns and (self._max_event_bytes is None or len(buffer) <= self._max_event_bytes):
             # The hot path: everything complete in this read is ordinary mid-stream content
             # (one ``data: {...}`` line per event, each with a running choice, no usage, no
             # error). Then it is forwarded as it came and only counted and timestamped, with
