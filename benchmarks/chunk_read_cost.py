@@ -243,6 +243,38 @@ def report(runs: dict[str, list[list[int]]], warm: dict[str, list[list[int]]], a
     ])
 
 
+def measure(servers: tuple[str, ...], rounds: int, streams: int) -> tuple[dict[str, list[list[int]]],
+                                                                           dict[str, list[list[int]]]]:
+    """Each server's timed streams (``rounds`` rounds of ``streams``, alternating) and each reader's warm loop."""
+    upstream_port = free_port()
+    upstream = subprocess.Popen([sys.executable, str(BENCH), "upstream", "--port", str(upstream_port),
+                                 "--chunk-delay-ms", str(CHUNK_DELAY_MS)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    runs: dict[str, list[list[int]]] = {name: [] for name in servers}
+    try:
+        url = f"http://127.0.0.1:{upstream_port}"
+        wait_ready(url + "/v1/models")
+        events = upstream_events(url)
+        warm = {reader: warm_streams(factory, events) for reader, factory in READERS.items()}
+        with tempfile.TemporaryDirectory(prefix="chunk-read-cost-") as tmp:
+            for round_ in range(1, rounds + 1):
+                for name in servers:
+                    runs[name] += one_round(name, url, streams, Path(tmp))
+                    middle = split_calls(runs[name])[0]
+                    print(f"chunk_read_cost round {round_}/{rounds} {name}: {mean_us(middle):.2f} µs a mid-stream "
+                          "call so far", file=sys.stderr, flush=True)
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=10)
+    return runs, warm
+
+
+def sidecar_reader_us(rounds: int, streams: int) -> float:
+    """The sidecar's SSE reader on a mid-stream paced chunk, in the running sidecar, less the timer's own cost."""
+    runs, _ = measure(("pass", "inferwatch"), rounds, streams)
+    return mean_us(split_calls(runs["inferwatch"])[0]) - mean_us(split_calls(runs["pass"])[0])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each server once a round (default 3)")
@@ -260,26 +292,7 @@ def main() -> int:
     if not BENCH.exists():
         print(f"chunk_read_cost: missing {BENCH} (the shared proxy bench)", file=sys.stderr)
         return 2
-    upstream_port = free_port()
-    upstream = subprocess.Popen([sys.executable, str(BENCH), "upstream", "--port", str(upstream_port),
-                                 "--chunk-delay-ms", str(CHUNK_DELAY_MS)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    runs: dict[str, list[list[int]]] = {name: [] for name in SERVERS}
-    try:
-        url = f"http://127.0.0.1:{upstream_port}"
-        wait_ready(url + "/v1/models")
-        events = upstream_events(url)
-        warm = {reader: warm_streams(factory, events) for reader, factory in READERS.items()}
-        with tempfile.TemporaryDirectory(prefix="chunk-read-cost-") as tmp:
-            for round_ in range(1, args.rounds + 1):
-                for name in SERVERS:
-                    runs[name] += one_round(name, url, args.streams, Path(tmp))
-                    middle = split_calls(runs[name])[0]
-                    print(f"round {round_}/{args.rounds} {name}: {mean_us(middle):.2f} µs a mid-stream call so far",
-                          file=sys.stderr, flush=True)
-    finally:
-        upstream.terminate()
-        upstream.wait(timeout=10)
+    runs, warm = measure(tuple(SERVERS), args.rounds, args.streams)
     text = report(runs, warm, args)
     print(text)
     if args.write:

@@ -32,6 +32,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ROOT, machine, percentile, revision, write_section
+from benchmarks.chunk_read_cost import sidecar_reader_us
 
 BENCH = ROOT.parent / "shared" / "tools" / "peer_proxy_bench.py"
 PEERS = ("nginx", "vllm-router-rs", "raw-relay", "bare-forwarder", "inferwatch")
@@ -264,12 +265,13 @@ def floor_lines(unpaced: dict[str, Any], paced: dict[str, Any]) -> list[str]:
 
 
 def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
-              costs: dict[str, dict[str, tuple[float, float]]]) -> list[str]:
+              costs: dict[str, dict[str, tuple[float, float]]], reader_us: float | None = None) -> list[str]:
     """For each missed CPU target: how far off it is, and how much of inferwatch's own work would have to go.
 
     For a stream cell at the split's concurrency, also the budget the target leaves the sidecar's own work
     (the allowed CPU less the bare forwarder's) against that work's fixed and per-chunk parts from the split,
-    and the same parts measured unpaced, where one wake-up of the process handles several events.
+    and the same parts measured unpaced, where one wake-up of the process handles several events. For the
+    paced one, ``reader_us``: the SSE reader's own cost on a mid-stream paced chunk in the running sidecar.
     """
     lines = []
     for name, cpu, allowed in missed_cells(unpaced, paced):
@@ -306,13 +308,31 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
                 allowed_chunk = (budget - fixed) / STREAM_CHUNKS
                 line += (f"The fixed part fits the budget; the rest would have to stay under {allowed_chunk:.1f} µs "
                          f"a chunk, against {per_chunk:.1f} in the split and {(own - fixed) / STREAM_CHUNKS:.1f} in "
-                         "this cell (its own work less the split's fixed part); \"Reading a paced chunk\" below "
-                         "times the SSE reader's share of it in the running sidecar.")
+                         "this cell (its own work less the split's fixed part).")
                 if per_chunk <= allowed_chunk:
                     line += (" The split's figures meet the target and this cell's do not: the difference is the "
                              "spread between the bench's runs.")
+                elif pacing == "paced" and reader_us is not None:
+                    line += reader_line(reader_us, allowed_chunk, per_chunk)
         lines.append(line)
     return lines
+
+
+def reader_line(reader_us: float, allowed_chunk: float, per_chunk: float) -> str:
+    """What the SSE reader takes of the per-chunk part, timed call by call in the running sidecar."""
+    line = (f" Of the per-chunk part, the SSE reader alone takes {reader_us:.1f} µs a mid-stream chunk in the "
+            "running sidecar, its calls timed one by one (benchmarks/chunk_read_cost.py, in this run). It judges "
+            "each event by its bytes before the event is forwarded: an error event gets the request's trace id, "
+            "the usage chunk the sidecar asked for is taken out, a malformed event ends the stream with the "
+            "sidecar's own error event. Counting the chunk alone costs less (\"Reading a paced chunk\"), but "
+            "those guarantees would go.")
+    if reader_us >= allowed_chunk:
+        return line + (f" That alone is over the {allowed_chunk:.1f} µs a chunk the target leaves: with the work "
+                       "each paced chunk needs done in Python, on one wake-up per chunk, this target is out of reach "
+                       "of this design.")
+    return line + (f" The other {per_chunk - reader_us:.1f} µs a chunk are the forwarding's own work (the same "
+                   "relay, client and front as the bare forwarder's; nothing else of the sidecar runs per chunk) "
+                   "slowed by the sidecar's larger working set in the caches.")
 
 
 def own_work(costs: dict[str, tuple[float, float]]) -> tuple[float, float]:
@@ -410,6 +430,7 @@ def main() -> int:
             [*extra, "--chunks", str(chunks), "--modes", "stream", "--concurrency", str(SPLIT_CONCURRENCY)],
             args.quick, peers=SPLIT_PEERS) for chunks in SPLIT_CHUNKS})
             for label, extra in (("unpaced", []), ("paced", ["--chunk-delay-ms", "5"]))}
+        reader_us = sidecar_reader_us(1 if args.quick else 2, 100 if args.quick else 300)
         scaling = {label: run_bench(args.venv_root, workdir, f"scaling-{label}", [
             *extra, "--modes", "stream", "--concurrency", "128"], args.quick, peers=SCALING)
             for label, extra in (("unpaced", []), ("paced 5 ms", ["--chunk-delay-ms", "5"]))}
@@ -451,7 +472,7 @@ def main() -> int:
         "",
         "What is left of each missed target, against what could close it:",
         "",
-        *gap_lines(unpaced, paced, costs),
+        *gap_lines(unpaced, paced, costs, reader_us),
         "",
         "What the sidecar's own work is: many small pieces, each done once per request (the OpenTelemetry span "
         "and its traceparent, the JSON body and admission, the metrics with their exemplars, the log sampling "
