@@ -120,6 +120,9 @@ def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -
     """Serve with the reader of ``name`` timed; on SIGINT, write each stream's calls to ``out`` (JSON)."""
     import uvloop
 
+    # Started from a background job, a process inherits SIGINT ignored: take it back, it is the stop signal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     from benchmarks import bare_forwarder
     from serving import stream_relay
 
@@ -173,7 +176,11 @@ def one_round(name: str, upstream: str, streams: int, workdir: Path) -> list[lis
         until = time.perf_counter_ns()
     finally:
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise SystemExit(f"chunk_read_cost: the {name} server did not stop on SIGINT within 60 s") from None
     return [took for began, took in json.loads(out.read_text()) if since <= began <= until and len(took) > 2 * ENDS]
 
 
