@@ -305,34 +305,36 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
                 line += ("Meeting this target would take not measuring requests in Python at all, and measuring "
                          "every request is what the sidecar is for.")
             else:
-                allowed_chunk = (budget - fixed) / STREAM_CHUNKS
+                allowed_chunk, cell_chunk = (budget - fixed) / STREAM_CHUNKS, (own - fixed) / STREAM_CHUNKS
                 line += (f"The fixed part fits the budget; the rest would have to stay under {allowed_chunk:.1f} µs "
-                         f"a chunk, against {per_chunk:.1f} in the split and {(own - fixed) / STREAM_CHUNKS:.1f} in "
-                         "this cell (its own work less the split's fixed part).")
-                if per_chunk <= allowed_chunk:
+                         f"a chunk, against {per_chunk:.1f} in the split and {cell_chunk:.1f} in this cell (its own "
+                         "work less the split's fixed part).")
+                if pacing == "paced" and reader_us is not None:
+                    line += reader_line(reader_us, allowed_chunk, cell_chunk)
+                elif per_chunk <= allowed_chunk:
                     line += (" The split's figures meet the target and this cell's do not: the difference is the "
                              "spread between the bench's runs.")
-                elif pacing == "paced" and reader_us is not None:
-                    line += reader_line(reader_us, allowed_chunk, per_chunk)
         lines.append(line)
     return lines
 
 
-def reader_line(reader_us: float, allowed_chunk: float, per_chunk: float) -> str:
-    """What the SSE reader takes of the per-chunk part, timed call by call in the running sidecar."""
-    line = (f" Of the per-chunk part, the SSE reader alone takes {reader_us:.1f} µs a mid-stream chunk in the "
-            "running sidecar, its calls timed one by one (benchmarks/chunk_read_cost.py, in this run). It judges "
-            "each event by its bytes before the event is forwarded: an error event gets the request's trace id, "
-            "the usage chunk the sidecar asked for is taken out, a malformed event ends the stream with the "
-            "sidecar's own error event. Counting the chunk alone costs less (\"Reading a paced chunk\"), but "
-            "those guarantees would go.")
+def reader_line(reader_us: float, allowed_chunk: float, cell_chunk: float) -> str:
+    """The SSE reader's per-chunk cost, timed call by call in the running sidecar, against the per-chunk budget."""
+    line = (f" The SSE reader, the one part of the sidecar's own work that runs per chunk, takes {reader_us:.1f} µs "
+            "a mid-stream chunk in the running sidecar, its calls timed one by one (benchmarks/chunk_read_cost.py, "
+            "in this run). It judges each event by its bytes before the event is forwarded: an error event gets the "
+            "request's trace id, the usage chunk the sidecar asked for is taken out, a malformed event ends the "
+            "stream with the sidecar's own error event. Counting the chunk alone costs less (\"Reading a paced "
+            "chunk\"), but those guarantees would go.")
     if reader_us >= allowed_chunk:
         return line + (f" That alone is over the {allowed_chunk:.1f} µs a chunk the target leaves: with the work "
                        "each paced chunk needs done in Python, on one wake-up per chunk, this target is out of reach "
                        "of this design.")
-    return line + (f" The other {per_chunk - reader_us:.1f} µs a chunk are the forwarding's own work (the same "
-                   "relay, client and front as the bare forwarder's; nothing else of the sidecar runs per chunk) "
-                   "slowed by the sidecar's larger working set in the caches.")
+    return line + (f" That fits the {allowed_chunk:.1f} µs a chunk the target leaves; the other "
+                   f"{max(cell_chunk - reader_us, 0):.1f} µs a chunk in this cell are the forwarding's own work "
+                   "(the same relay, client and front as the bare forwarder's; nothing else of the sidecar runs per "
+                   "chunk) slowed by the sidecar's larger working set in the caches, and the spread between the "
+                   "bench's runs.")
 
 
 def own_work(costs: dict[str, tuple[float, float]]) -> tuple[float, float]:
