@@ -94,7 +94,7 @@ SERVERS = {  # name -> (row label, reader in the bare forwarder; None: inferwatc
 
 
 class StreamCalls:
-    """The durations (ns) of one stream's reader calls, in order, and when its first call began."""
+    """The durations (ns) of one stream's reader calls, in order, and when its relay was made (``began``)."""
 
     __slots__ = ("began", "took")
 
