@@ -43,6 +43,13 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+def publish(heading: str, body: str, write: bool) -> None:
+    """Print a benchmark's section; with ``write``, also put it under ``## heading`` in BENCHMARKS.md."""
+    print(body)
+    if write:
+        write_section(heading, body)
+
+
 def write_section(heading: str, body: str) -> None:
     """Replace the text under ``## heading`` in BENCHMARKS.md (up to the next ``## ``) with ``body``."""
     text = BENCHMARKS_MD.read_text()

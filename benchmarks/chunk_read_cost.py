@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, percentile, revision, write_section
+from benchmarks._common import ROOT, machine, percentile, publish, revision
 from benchmarks.proxy_profile import BENCH, drive, wait_ready
 from serving.config import ServeConfig
 from serving.sse import SseReader
@@ -301,9 +301,7 @@ def main() -> int:
         return 2
     runs, warm = measure(tuple(SERVERS), args.rounds, args.streams)
     text = report(runs, warm, args)
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

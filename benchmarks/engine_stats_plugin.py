@@ -30,7 +30,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import machine, percentile, revision, write_section
+from benchmarks._common import machine, percentile, publish, revision
 from serving.tools import launcher
 
 SECTION = "Stat-logger plugin cost"
@@ -190,9 +190,7 @@ eight. At the {requests_per_s:.1f} requests per second measured here, with every
 datagram of its own and steps with nothing finished sending 10 a second (its limit), that is \
 {share * 100:.3f} % of one core of vLLM's API server.
 """
-    print(body)
-    if args.write:
-        write_section(SECTION, body)
+    publish(SECTION, body, args.write)
     return 0
 
 

@@ -31,7 +31,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, percentile, revision, write_section
+from benchmarks._common import ROOT, machine, percentile, publish, revision
 from benchmarks.chunk_read_cost import sidecar_reader_us
 
 BENCH = ROOT.parent / "shared" / "tools" / "peer_proxy_bench.py"
@@ -512,9 +512,7 @@ def main() -> int:
                   "p99; the median of the rounds' own differences does not):", "",
                   "| path | requests | TTFT p50 | TTFT p99 | |", "|---|---:|---:|---:|---|", *vllm]
     text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

@@ -25,7 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import machine, percentile, revision, write_section
+from benchmarks._common import machine, percentile, publish, revision
 from serving.tools.launcher import free_port, start_sidecar
 
 TOKENS = 64
@@ -213,9 +213,7 @@ def main() -> int:
         "",
         *_table(paced),
     ])
-    print(text)
-    if args.write:
-        write_section("Proxy overhead", text)
+    publish("Proxy overhead", text, args.write)
     return 0
 
 

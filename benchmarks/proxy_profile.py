@@ -37,7 +37,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, revision, write_section
+from benchmarks._common import ROOT, machine, publish, revision
 from serving.tools.launcher import free_port
 
 BENCH = ROOT.parent / "shared" / "tools" / "peer_proxy_bench.py"
@@ -211,9 +211,7 @@ def main() -> int:
         "|---|" + "---:|" * len(MODES),
         *rows,
     ])
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 

@@ -41,7 +41,7 @@ from alert_rules.promql.parse import parse_expr
 from alert_rules.promql.values import Labels, labels_of
 from alert_rules.render import rule_groups
 from alert_rules.store import SeriesStore
-from benchmarks._common import machine, revision, write_section
+from benchmarks._common import machine, publish, revision
 from exporters.catalog import ALL_SPECS, MetricSpec, MetricType
 from exporters.records import DEFAULT_LENGTH_EDGES, Outcome, length_bucket_labels
 
@@ -258,9 +258,7 @@ def main() -> int:
         f"Command: `.venv/bin/python benchmarks/rule_eval.py --series {args.series} --hours {args.hours:g} "
         f"--evaluations {args.evaluations} --write` at {revision()} on {machine()}.\n"
     )
-    print(body)
-    if args.write:
-        write_section("Rule evaluation", body)
+    publish("Rule evaluation", body, args.write)
     return 0
 
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from benchmarks._common import machine, percentile, revision, write_section  # noqa: E402
+from benchmarks._common import machine, percentile, publish, revision  # noqa: E402
 from exporters.collectors import EngineCollector, EngineState, GpuCollector, register_collectors  # noqa: E402
 from exporters.inflight import InFlightTokens  # noqa: E402
 from exporters.nvml import GpuSnapshot, NvmlReader  # noqa: E402
@@ -111,9 +111,7 @@ than parsing everything because only the `vllm:` families the derivations need a
 prometheus_client's parser (one block each); `http_*`, `python_*`, `process_*` and `*_created` blocks
 are recognised by name and skipped.
 """
-    print(body)
-    if not args.no_write:
-        write_section("Scrape cycle and NVML collection", body)
+    publish("Scrape cycle and NVML collection", body, not args.no_write)
     return 0
 
 

@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alert_rules.config import RulesConfig
-from benchmarks._common import machine, revision, write_section
+from benchmarks._common import machine, publish, revision
 from exporters.catalog import pipeline as cat
 from exporters.catalog.request import REQUESTS
 from exporters.catalog.rules import RULE_EVALUATION_SECONDS, RULE_STORED_SERIES
@@ -592,9 +592,7 @@ def main() -> int:
     result = soak(args.requests, args.concurrency, args.fault_ratio, args.max_seconds, args.warmup_evaluations)
     command = " ".join([".venv/bin/python benchmarks/soak.py", *sys.argv[1:]])
     text = report(result, args, command)
-    print(text)
-    if not args.no_write:
-        write_section("Soak", text)
+    publish("Soak", text, not args.no_write)
     return 0 if all(ok for _, ok in goals(result, args.concurrency)) else 1
 
 

@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, revision, write_section
+from benchmarks._common import ROOT, machine, publish, revision
 from serving.tools.launcher import free_port, http_status
 
 SECTION = "Using more than one core"
@@ -172,9 +172,7 @@ def main() -> int:
         "|---|---|---:|---:|---:|---:|",
         *rows,
     ])
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, text, args.write)
     return 0
 
 
