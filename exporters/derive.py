@@ -270,6 +270,11 @@ def _view_dict(view: ModelView) -> dict[str, object]:
     }
 
 
+def blocks_of(tokens: int, block_size: int) -> int:
+    """KV blocks that ``tokens`` tokens fill: ceil(tokens / block_size)."""
+    return -(-tokens // block_size)
+
+
 def running_entries(
     entries: Sequence[InFlight], running: float | None, block_size: int | None = None,
     usable_blocks: int | None = None,
@@ -292,11 +297,11 @@ def running_entries(
     if not block_size or block_size <= 0 or usable_blocks is None:
         return entries
     held = [entry for entry in entries if entry.generating]
-    free = usable_blocks - sum(-(-entry.tokens // block_size) for entry in held)
+    free = usable_blocks - sum(blocks_of(entry.tokens, block_size) for entry in held)
     for entry in entries:
         if entry.generating:
             continue
-        need = -(-entry.tokens // block_size)
+        need = blocks_of(entry.tokens, block_size)
         if need > free:
             break
         held.append(entry)
@@ -323,7 +328,7 @@ def fragmentation(
         if entry.tokens <= 0:
             continue
         tokens[entry.model] = tokens.get(entry.model, 0) + entry.tokens
-        blocks[entry.model] = blocks.get(entry.model, 0) + -(-entry.tokens // block_size)
+        blocks[entry.model] = blocks.get(entry.model, 0) + blocks_of(entry.tokens, block_size)
     out = []
     for model in sorted(tokens):
         slots = (measured_blocks if measured_blocks is not None else blocks[model]) * block_size
