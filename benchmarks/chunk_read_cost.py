@@ -36,13 +36,18 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import uvloop
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ROOT, machine, percentile, publish, revision
+from benchmarks.bare_forwarder import PassThrough
+from benchmarks.bare_forwarder import serve as serve_bare
 from benchmarks.proxy_profile import BENCH, drive, wait_ready
+from serving.cli import main as cli_main
 from serving.config import ServeConfig
 from serving.sse import SseReader
-from serving.stream_relay import PieceReader
+from serving.stream_relay import PieceReader, StreamRelay
 from serving.tools.launcher import free_port
 
 SECTION = "Reading a paced chunk"
@@ -76,14 +81,8 @@ def proxy_sse_reader() -> SseReader:
                      max_event_bytes=ServeConfig().max_event_bytes, trace_id="0" * 32)
 
 
-def _pass_through() -> PieceReader:
-    from benchmarks.bare_forwarder import PassThrough
-
-    return PassThrough()
-
-
 READERS: dict[str, Callable[[], PieceReader]] = {
-    "pass": _pass_through, "count": CountingReader, "sse": proxy_sse_reader,
+    "pass": PassThrough, "count": CountingReader, "sse": proxy_sse_reader,
 }
 SERVERS = {  # name -> (row label, reader in the bare forwarder; None: inferwatch serve with its own)
     "pass": ("bare forwarder, a reader that looks at nothing (the timer's own cost)", "pass"),
@@ -118,32 +117,24 @@ class StreamCalls:
 
 def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -> None:
     """Serve with the reader of ``name`` timed; on SIGINT, write each stream's calls to ``out`` (JSON)."""
-    import uvloop
-
     # Started from a background job, a process inherits SIGINT ignored: take it back, it is the stop signal.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    from benchmarks import bare_forwarder
-    from serving import stream_relay
-
     streams: list[StreamCalls] = []
-    original = stream_relay.StreamRelay.__init__
+    original = StreamRelay.__init__
 
-    def relay_init(self: stream_relay.StreamRelay, *args: object, **kwargs: object) -> None:
+    def relay_init(self: StreamRelay, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)  # type: ignore[arg-type]
         streams.append(calls := StreamCalls())
         self._feed = calls.timed(self._feed)
 
-    stream_relay.StreamRelay.__init__ = relay_init  # type: ignore[method-assign]
+    StreamRelay.__init__ = relay_init  # type: ignore[method-assign]
     try:
         reader = SERVERS[name][1]
         if reader is None:
-            from serving.cli import main as cli_main
-
             cli_main(["serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--logs-dir", str(logs_dir),
                       "--gpu-enabled", "false"])
         else:
-            uvloop.run(bare_forwarder.serve(upstream, "127.0.0.1", port, READERS[reader]))
+            uvloop.run(serve_bare(upstream, "127.0.0.1", port, READERS[reader]))
     except KeyboardInterrupt:
         pass
     finally:

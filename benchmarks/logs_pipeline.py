@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import orjson
-from _common import machine, percentile, revision, write_section
+from _common import machine, percentile, publish, revision
 from logs_generate import events
 from prometheus_client import CollectorRegistry
 
@@ -281,8 +281,7 @@ def main() -> None:
         "",
         *look,
     ])
-    print(body)
-    write_section("Log pipeline", body)
+    publish("Log pipeline", body, True)
 
 
 if __name__ == "__main__":
