@@ -211,7 +211,8 @@ class EngineCollector(Collector):
         sizes = {v.model: v.block_size for v in views if v.block_size}
         running = {v.model: v.running for v in views} if fresh else {}
         usable = {
-            v.model: derive.usable_blocks(v.blocks_total, generation) for v in views if v.blocks_total is not None
+            v.model: derive.usable_blocks(v.blocks_total, generation, v.engines)
+            for v in views if v.blocks_total is not None
         }
         measured = self._measured_used_blocks(views)
         if self._inflight is not None and sizes:

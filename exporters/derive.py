@@ -119,11 +119,12 @@ def kv_capacity_tokens(cache: Sequence[CacheInfo]) -> int | None:
     return sum(capacity) if capacity else None
 
 
-def usable_blocks(num_gpu_blocks: int, generation: str | None) -> int:
-    """Blocks a request can get: V1 holds one null block back (usage = 1 - free / (blocks - 1))."""
+def usable_blocks(num_gpu_blocks: int, generation: str | None, engines: int = 1) -> int:
+    """Blocks requests can get from ``engines`` engines holding ``num_gpu_blocks`` together: V1 holds one null
+    block back in each engine (usage = 1 - free / (blocks - 1))."""
     if generation == "v0":
         return num_gpu_blocks
-    return max(num_gpu_blocks - 1, 0)
+    return max(num_gpu_blocks - max(engines, 1), 0)
 
 
 def kv_usage_and_used(

@@ -105,6 +105,21 @@ def test_after_a_failed_scrape_only_the_requests_that_fit_in_vllms_blocks_are_co
         assert _samples(registry)[blocks] == expected
 
 
+def test_each_engine_holds_back_its_own_null_block() -> None:
+    """Two V1 engines of 2,000 blocks each (qwen-7b, 16-token blocks) give requests 2 x 1,999 blocks, not 3,999.
+    After a failed scrape, a stream of 1,999 blocks and a queued prompt of 1,999 fill both engines; a queued
+    prompt of one block more fits nowhere and is not counted."""
+    snap = parse_exposition((DATA / "vllm_v1_0.11.prom").read_text())
+    stream = SimpleNamespace(content_events=0, last_content_ns=time.perf_counter_ns())
+    inflight = InFlightTokens()
+    inflight.update("queued", "qwen-7b", 1999 * 16)
+    inflight.update("one-block", "qwen-7b", 16)
+    inflight.track("running", "qwen-7b", 1999 * 16, stream)
+    registry = CollectorRegistry()
+    register_collectors(registry, EngineCollector(lambda: EngineState("u", snap, up=False), inflight))
+    assert _samples(registry)[(ce.KV_INFLIGHT_BLOCKS.name, (("model_name", "qwen-7b"),))] == 2 * 1999.0
+
+
 def test_sampled_histogram_is_cumulative() -> None:
     """Observations of 1, 3 and 100 fill the buckets cumulatively with +Inf holding all three."""
     hist = SampledHistogram((1, 2, 4))
