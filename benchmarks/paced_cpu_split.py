@@ -1,13 +1,14 @@
-"""A paced stream's CPU in each proxy, split into user and kernel time, with the socket calls it took.
+"""A paced stream's CPU in each proxy, split into user and kernel time, with the system calls it made.
 
 The paced cells of "Proxy cost against peers" compare CPU per stream, user and kernel time
 together. This splits it, for vllm-router, the raw relay, the bare forwarder and ``inferwatch
 serve`` in front of the shared bench's fake upstream paced at 5 ms per chunk (64-chunk chat
 streams at concurrency 16, rounds alternating the proxies): each proxy's user and system CPU
 per stream (``/proc/PID/stat``, every thread). After the timed rounds, one more round per proxy
-under ``strace -c -f`` counts its system calls per stream (strace slows what it traces, so that
-round's CPU is not used). The kernel time is mostly the socket work of relaying the chunks; the
-user time is the proxy's own code; the calls show what socket work and waking each one does.
+counts its system calls per stream with ``perf stat`` on the kernel's syscall tracepoints (counted
+in the kernel, the process never stopped; needs perf and root, else that table is left out). The
+kernel time is mostly the socket work of relaying the chunks; the user time is the proxy's own
+code; the calls show what socket work and waking each one does.
 
     .venv/bin/python benchmarks/paced_cpu_split.py [--venv-root /tmp/ppb] [--rounds 5] [--streams 480] [--write]
 
@@ -39,8 +40,8 @@ CONCURRENCY = 16
 WARM_UP = 64
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 PROXIES = ("vllm-router", "raw relay", "bare forwarder", "inferwatch")
-TRACED_STREAMS = 240
-"""Streams of the round under strace."""
+COUNTED_STREAMS = 240
+"""Streams of the round whose system calls are counted."""
 
 
 def proxy_argv(name: str, upstream: str, port: int, venv_root: Path, workdir: Path) -> tuple[list[str], str]:
@@ -76,29 +77,40 @@ CALL_KINDS = (
 """The system calls counted, by kind (what the proxies here use to move bytes, wait for them and wake threads)."""
 
 
-def traced_calls(pid: int, url: str, streams: int, workdir: Path) -> dict[str, float]:
+def counted_calls(pid: int, url: str, streams: int) -> dict[str, float]:
     """System calls per stream of the process ``pid`` (every thread), by kind, over ``streams`` streams."""
-    out = workdir / f"strace-{pid}.txt"
-    tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", str(out)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached to every thread
+    events = [f"syscalls:sys_enter_{name}" for _, names in CALL_KINDS for name in names] + ["raw_syscalls:sys_enter"]
+    counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", ",".join(events), "-p", str(pid)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # attached
     asyncio.run(drive(url, True, streams, CONCURRENCY))
-    tracer.send_signal(signal.SIGINT)  # detaches and writes the summary
-    tracer.wait(timeout=30)
-    calls: dict[str, int] = {}
-    for line in out.read_text().splitlines():
-        fields = line.split()
-        if len(fields) >= 5 and fields[-1].isidentifier() and fields[3].isdigit() and fields[-1] != "total":
-            calls[fields[-1]] = int(fields[3])
-    counted = {kind: sum(calls.get(name, 0) for name in names) / streams for kind, names in CALL_KINDS}
-    counted["all"] = sum(calls.values()) / streams
+    counter.send_signal(signal.SIGINT)  # prints the counts and exits
+    _, report = counter.communicate(timeout=30)
+    counts: dict[str, int] = {}
+    for line in report.splitlines():  # CSV: value,unit,event,...
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit():
+            counts[fields[2].partition("sys_enter_")[2] or "all"] = int(fields[0])
+    if "all" not in counts:
+        raise SystemExit(f"paced_cpu_split: perf stat counted nothing: {report.strip()[-300:]}")
+    counted = {kind: sum(counts.get(name, 0) for name in names) / streams for kind, names in CALL_KINDS}
+    counted["all"] = counts["all"] / streams
     return counted
+
+
+def can_count_calls() -> bool:
+    """perf is here and may read the syscall tracepoints (root, or a permissive perf_event_paranoid)."""
+    if shutil.which("perf") is None:
+        return False
+    probe = subprocess.run(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "true"],
+                           check=False, capture_output=True, text=True)
+    return probe.returncode == 0 and any(line.split(",")[0].isdigit() for line in probe.stderr.splitlines())
 
 
 def measure(venv_root: Path, rounds: int, streams: int) -> tuple[dict[str, list[dict[str, float]]],
                                                                 dict[str, dict[str, float]]]:
     """Each proxy's user and system µs per stream in each round (rounds alternate the proxies, all started once),
-    and its system calls per stream (strace, when this machine has it)."""
+    and its system calls per stream (perf, when this machine lets it count them)."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in PROXIES}
     calls: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="paced-cpu-split-") as tmp:
@@ -129,9 +141,9 @@ def measure(venv_root: Path, rounds: int, streams: int) -> tuple[dict[str, list[
                 print(f"paced_cpu_split: round {number}/{rounds}: " + ", ".join(
                     f"{name} {runs[name][-1]['user'] + runs[name][-1]['system']:,.0f} µs" for name in PROXIES),
                     file=sys.stderr, flush=True)
-            if shutil.which("strace"):
+            if can_count_calls():
                 for name, (url, pid) in urls.items():
-                    calls[name] = traced_calls(pid, url, min(streams, TRACED_STREAMS), workdir)
+                    calls[name] = counted_calls(pid, url, min(streams, COUNTED_STREAMS))
         finally:
             for process in processes:
                 process.send_signal(signal.SIGINT)
@@ -196,15 +208,32 @@ def report(runs: dict[str, list[dict[str, float]]], calls: dict[str, dict[str, f
         kinds = [kind for kind, _ in CALL_KINDS]
         lines += [
             "",
-            f"System calls per stream, one more round of {min(streams, TRACED_STREAMS)} streams per proxy under "
-            "`strace -c -f` (not timed: strace slows what it traces):",
+            f"System calls per stream, one more round of {min(streams, COUNTED_STREAMS)} streams per proxy counted by "
+            "`perf stat` on the kernel's syscall tracepoints (every thread; \"all\" is every system call):",
             "",
             "| proxy | " + " | ".join(kinds) + " | all |",
             "|---|" + "---:|" * (len(kinds) + 1),
             *(f"| {name} | " + " | ".join(f"{counted[kind]:.1f}" for kind in kinds) + f" | {counted['all']:.1f} |"
               for name, counted in calls.items()),
+            "",
+            calls_line(calls),
         ]
     return "\n".join(lines)
+
+
+def calls_line(calls: dict[str, dict[str, float]]) -> str:
+    """What the counts say: the sidecar's socket calls against the raw relay's, vllm-router's waking of threads."""
+    router, relay, ours = calls["vllm-router"], calls["raw relay"], calls["inferwatch"]
+    socket = {name: c["socket reads"] + c["socket writes"] for name, c in calls.items()}
+    same = abs(socket["inferwatch"] - socket["raw relay"]) <= 0.05 * socket["raw relay"]
+    return (
+        f"The sidecar makes {ours['socket reads']:.0f} socket reads and {ours['socket writes']:.0f} writes a "
+        f"stream, the raw relay {relay['socket reads']:.0f} and {relay['socket writes']:.0f}"
+        + (" (the same socket work: one read from the upstream and one write to the client per chunk)" if same
+           else "") + f"; vllm-router {router['socket reads']:.0f} and {router['socket writes']:.0f}, and "
+        f"{router['futex']:.0f} futex calls a stream waking its threads. In all, {ours['all']:.0f} system calls a "
+        f"stream for the sidecar, {relay['all']:.0f} for the raw relay, {router['all']:.0f} for vllm-router."
+    )
 
 
 def main() -> int:
