@@ -67,6 +67,8 @@ NONSTREAM_REQUESTS = 12000
 12,000 take about 2 s."""
 
 
+ROUND_SECONDS, QUICK_ROUND_SECONDS = 8, 5
+"""The longest a round of one peer runs (with ``--quick``): a paced round at concurrency 16 ends on it."""
 PACED_C16_ROUNDS = 7
 """Rounds of the paced cell at concurrency 16, whose verdict has flipped between runs (its rounds spread by a
 third, vllm-router's own CPU in it by a quarter from run to run): seven rounds for its median, three elsewhere."""
@@ -80,9 +82,9 @@ def run_bench(venv_root: Path, workdir: Path, name: str, extra: list[str], quick
     config.write_text(json.dumps(peers_config(workdir)))
     out = workdir / f"{name}.json"
     python = venv_root / "ppb-bench-venv" / "bin" / "python"
-    requests, seconds = ("600", "5") if quick else (str(requests_per_round), "8")
+    requests, seconds = (600, QUICK_ROUND_SECONDS) if quick else (requests_per_round, ROUND_SECONDS)
     argv = [str(python), str(BENCH), "run", "--venv-root", str(venv_root), "--peers-config", str(config),
-            "--rounds", "2" if quick else str(rounds), "--requests", requests, "--max-seconds", seconds,
+            "--rounds", "2" if quick else str(rounds), "--requests", str(requests), "--max-seconds", str(seconds),
             "--json", str(out), "--peers", ",".join(peers), *extra]
     print(f"peer_overhead: {name}: {' '.join(argv[2:])}", file=sys.stderr, flush=True)
     subprocess.run(argv, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
@@ -96,7 +98,7 @@ def run_bench(venv_root: Path, workdir: Path, name: str, extra: list[str], quick
 
 
 def paced_round_sizes(paced: dict[str, Any]) -> str:
-    """How many rounds the paced cells had and how many streams the sidecar's rounds held (8 s of them)."""
+    """How many rounds the paced cells had and how many streams the sidecar's rounds held (in a round's time)."""
     sizes = [f"{cell.split('/')[-1]}: {targets['inferwatch']['rounds']} rounds of about "
              f"{targets['inferwatch']['ok_median']:,.0f} streams" for cell, targets in paced.items()
              if "inferwatch" in targets]
@@ -462,7 +464,8 @@ def main() -> int:
         f"Command: {command} (revision {revision()}, {machine()}); the shared bench "
         "(`../shared/tools/peer_proxy_bench.py`) runs every peer alternately in the same rounds, "
         f"{STREAM_CHUNKS} chunks per stream, medians over rounds that end after 2,000 streams or "
-        f"{NONSTREAM_REQUESTS:,} non-streamed requests, or after 8 s; {paced_round_sizes(paced)}.",
+        f"{NONSTREAM_REQUESTS:,} non-streamed requests, or after "
+        f"{QUICK_ROUND_SECONDS if args.quick else ROUND_SECONDS} s; {paced_round_sizes(paced)}.",
         "",
         *verdicts(unpaced, paced),
         *scaling_verdicts(scaling),
