@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ROOT, machine, percentile, publish, revision
+from benchmarks.peer_overhead import peers_config
 from benchmarks.proxy_profile import BENCH, drive, wait_ready
 from serving.tools.launcher import free_port
 
@@ -40,26 +41,22 @@ CONCURRENCY = 16
 WARM_UP = 64
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 PROXIES = ("vllm-router", "raw relay", "bare forwarder", "inferwatch")
+PEER_NAMES = {"raw relay": "raw-relay", "bare forwarder": "bare-forwarder", "inferwatch": "inferwatch"}
+"""The Python proxies' names in benchmarks/peer_overhead.py's peers."""
 COUNTED_STREAMS = 240
 """Streams of the round whose system calls are counted."""
 
 
 def proxy_argv(name: str, upstream: str, port: int, venv_root: Path, workdir: Path) -> tuple[list[str], str]:
-    """The command line of proxy ``name`` and the path it answers when ready."""
-    python, listen = sys.executable, f"127.0.0.1:{port}"
+    """The command line of proxy ``name`` and the path it answers when ready: vllm-router as the shared bench starts
+    it, the Python ones as "Proxy cost against peers" does (one definition, in benchmarks/peer_overhead.py)."""
     if name == "vllm-router":
         return [str(venv_root / "ppb-vrouter-venv" / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port",
                 str(port), "--worker-urls", upstream, "--policy", "round_robin", "--log-level", "warning",
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                 "--log-dir", str(workdir / "router")], "/health"
-    if name == "raw relay":
-        return [python, str(ROOT / "benchmarks" / "raw_relay_proxy.py"), "--upstream", upstream,
-                "--listen", listen], "/health"
-    if name == "bare forwarder":
-        return [python, str(ROOT / "benchmarks" / "bare_forwarder.py"), "--upstream", upstream,
-                "--listen", listen], "/healthz"
-    return [python, "-m", "serving.cli", "serve", "--upstream", upstream, "--listen", listen,
-            "--logs-dir", str(workdir / "logs"), "--gpu-enabled", "false"], "/healthz"
+    peer = next(peer for peer in peers_config(workdir)["peers"] if peer["name"] == PEER_NAMES[name])
+    return [arg.format(upstream=upstream, port=port) for arg in peer["argv"]], peer["ready_path"]
 
 
 def cpu_s(pid: int) -> tuple[float, float]:
