@@ -41,6 +41,10 @@ class PassThrough:
     def feed(data: bytes, _now_ns: int) -> bytes:
         return data
 
+    @staticmethod
+    def take_event(_data: bytes, _start: int, _end: int, _now_ns: int) -> bool:
+        return True
+
 
 def forwarder(pool: UpstreamPool, reader: Callable[[], PieceReader] = PassThrough) -> ProxyHandler:
     """Forward each request to the pool's upstream, streaming answers as they come through a new ``reader()``."""

@@ -3,8 +3,9 @@
 The paced cells of "Proxy cost against peers" leave the sidecar's per-chunk work a budget of a few
 µs. This measures where that work stands: the shared bench's fake upstream paces a 64-chunk
 chat stream at 5 ms per chunk (one event per socket read, as a GPU's decode paces it), and each
-server below times every call of its stream reader (``perf_counter_ns`` around the call, in the
-relay's socket callback) while it serves streams at concurrency 16:
+server below times every piece's calls of its stream reader (``perf_counter_ns`` around each call, in
+the relay's socket callback: ``take_event``, and ``feed`` for a piece it declines) while it serves
+streams at concurrency 16:
 
 - the bare forwarder (benchmarks/bare_forwarder.py) with a reader that looks at nothing: the
   timer's own cost;
@@ -74,6 +75,11 @@ class CountingReader:
         self.last_ns = now_ns
         return data
 
+    def take_event(self, _data: bytes, _start: int, _end: int, now_ns: int) -> bool:
+        self.pieces += 1
+        self.last_ns = now_ns
+        return True
+
 
 def proxy_sse_reader() -> SseReader:
     """inferwatch's reader as the proxy makes it for a streamed request at the default settings."""
@@ -92,27 +98,49 @@ SERVERS = {  # name -> (row label, reader in the bare forwarder; None: inferwatc
 }
 
 
-class StreamCalls:
-    """The durations (ns) of one stream's reader calls, in order, and when its relay was made (``began``)."""
+TakeEvent = Callable[[bytes, int, int, int], bool]
+Feed = Callable[[bytes, int], bytes]
 
-    __slots__ = ("began", "took")
+
+class StreamCalls:
+    """The durations (ns) of one stream's reader calls, one a piece, in order, and when its relay was made (``began``).
+
+    A piece's duration is its ``take_event`` call's, plus its ``feed`` call's when ``take_event`` declined it
+    (the relay then hands it to ``feed``); a piece that went to ``feed`` alone (not one whole HTTP chunk), that call's.
+    """
+
+    __slots__ = ("began", "declined", "took")
 
     def __init__(self) -> None:
         self.began = 0
         self.took = array.array("q")
+        self.declined = False  # the last piece's take_event declined it: its feed call adds to its duration
 
-    def timed(self, feed: Callable[[bytes, int], bytes]) -> Callable[[bytes, int], bytes]:
-        """``feed`` with each call's duration noted (perf_counter_ns, the host's monotonic clock)."""
-        clock, took = time.perf_counter_ns, self.took
+    def timed(self, reader: PieceReader) -> tuple[TakeEvent, Feed]:
+        """``reader``'s ``take_event`` and ``feed`` with each piece's time in them noted (perf_counter_ns, the
+        host's monotonic clock)."""
+        clock, took, take, feed = time.perf_counter_ns, self.took, reader.take_event, reader.feed
+
+        def take_timed(data: bytes, start: int, end: int, now_ns: int) -> bool:
+            began = clock()
+            taken = take(data, start, end, now_ns)
+            took.append(clock() - began)
+            self.declined = not taken
+            return taken
 
         def feed_timed(data: bytes, now_ns: int) -> bytes:
             began = clock()
             out = feed(data, now_ns)
-            took.append(clock() - began)
+            spent = clock() - began
+            if self.declined:
+                took[-1] += spent
+                self.declined = False
+            else:
+                took.append(spent)
             return out
 
         self.began = clock()
-        return feed_timed
+        return take_timed, feed_timed
 
 
 def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -> None:
@@ -125,7 +153,7 @@ def run_server(name: str, upstream: str, port: int, out: Path, logs_dir: Path) -
     def relay_init(self: StreamRelay, *args: object, **kwargs: object) -> None:
         original(self, *args, **kwargs)  # type: ignore[arg-type]
         streams.append(calls := StreamCalls())
-        self._feed = calls.timed(self._feed)
+        self._take_event, self._feed = calls.timed(self._reader)
 
     StreamRelay.__init__ = relay_init  # type: ignore[method-assign]
     try:
@@ -190,9 +218,11 @@ def warm_streams(reader: Callable[[], PieceReader], events: list[bytes]) -> list
     out = []
     for _ in range(WARM_LOOPS):
         calls = StreamCalls()
-        feed = calls.timed(reader().feed)
-        for event in events:
-            feed(event, time.perf_counter_ns())
+        take, feed = calls.timed(reader())
+        for event in events:  # as the relay takes a read of one whole HTTP chunk
+            now_ns = time.perf_counter_ns()
+            if not take(event, 0, len(event), now_ns):
+                feed(event, now_ns)
         out.append(calls.took.tolist())
     return out
 
@@ -221,8 +251,8 @@ def report(runs: dict[str, list[list[int]]], warm: dict[str, list[list[int]]], a
         f"Command: {command} (revision {revision()}, {machine()}); the shared bench's fake upstream paced at "
         f"{CHUNK_DELAY_MS:g} ms per chunk, 64-chunk chat streams at concurrency 16, {args.streams:,} streams a "
         f"round after {WARM_UP} of warm-up, {args.rounds} rounds alternating the servers. Each server times "
-        "every call of its stream reader in the relay's socket callback (one call per socket read: here, per "
-        "event). Mid-stream calls are all but a stream's first and last "
+        "its stream reader's calls in the relay's socket callback, per socket read (here, per event): "
+        "`take_event`, and `feed` for a read it declines. Mid-stream calls are all but a stream's first and last "
         f"{ENDS} (its role and first content events, which the SSE reader parses, and its finishing event and "
         "`[DONE]`): what each further chunk costs. The warm loop feeds the same reader the upstream's own "
         f"events, one a call, {WARM_LOOPS} streams in a row. The timer's own cost is in every figure (the first row).",

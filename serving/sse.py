@@ -110,26 +110,19 @@ class SseReader:
         if not self._buffer and stats.content_ns:
             # The usual read of a paced stream (a GPU's decode step apart): exactly one ordinary content
             # event, one ``data: {...}`` line and its blank line, a choice running, no usage, no error.
-            # Forwarded as it came and counted. Cheapest test first: the bytes around the text are those
-            # of the stream's first such event (its ``template``) and the text has no quote, backslash or
-            # line end, so it cannot have ended the string; then this event is that one with another text.
-            # Else the tests of the hot path below, for one event (and the template learnt from it).
-            template, limit = self._template, self._max_event_bytes
-            if template is not None:
-                prefix, suffix = template
-                end = len(data) - len(suffix)
-                plain = (end >= len(prefix) and data.startswith(prefix) and data.endswith(suffix)
-                         and _IN_STRING_ESCAPES.search(data, len(prefix), end) is None)
-            else:
-                plain = False
-            if not plain:
-                last = len(data) - 2
-                plain = (data.find(b"\n") == last and data.endswith(b"\n\n") and data.startswith(b"data: {")
-                         and data.count(_RUNNING) + data.count(_RUNNING_SPACED) == 1 and data.find(b"\r") < 0
-                         and data.find(b'"usage"') < 0 and data.find(b'"error"') < 0)
-                if plain and template is None and self._template_tries:
-                    self._template = _template_of(data)
-                    self._template_tries -= 1
+            # Forwarded as it came and counted. Cheapest test first (:meth:`take_event`: the event is the
+            # template's with another text); else the tests of the hot path below, for one event (and the
+            # template learnt from it).
+            if self.take_event(data, 0, len(data), now_ns):
+                return data
+            last = len(data) - 2
+            plain = (data.find(b"\n") == last and data.endswith(b"\n\n") and data.startswith(b"data: {")
+                     and data.count(_RUNNING) + data.count(_RUNNING_SPACED) == 1 and data.find(b"\r") < 0
+                     and data.find(b'"usage"') < 0 and data.find(b'"error"') < 0)
+            if plain and self._template is None and self._template_tries:
+                self._template = _template_of(data)
+                self._template_tries -= 1
+            limit = self._max_event_bytes
             if plain and (limit is None or len(data) <= limit):
                 stats.content_ns.append(now_ns)
                 return data
@@ -218,6 +211,30 @@ class SseReader:
             return buffer[:pos]
         pieces.append(buffer[start:pos])
         return b"".join(pieces)
+
+    def take_event(self, data: bytes, start: int, end: int, now_ns: int) -> bool:
+        """Count ``data[start:end]`` as a content chunk that arrived at ``now_ns`` if it is one whole ordinary
+        content event, to be forwarded unchanged; False (and nothing done) when that takes more than this test.
+
+        The test: nothing is held back from an earlier read, and the bytes around the event's text are those
+        of the stream's first plain content event (its template, :func:`_template_of`) while the text has no
+        quote, backslash or line end, so it cannot have ended the string: then the event is that one with
+        another text. A few byte comparisons, no copy: the proxy's relay calls it first on a socket read that
+        is exactly one HTTP chunk (:meth:`serving.upstream_http.UpstreamConnection.take_whole_chunks`), and
+        :meth:`feed` on a read that is exactly one event. What it declines goes through :meth:`feed`.
+        """
+        template = self._template
+        if template is None or self._buffer or self.stats.problem is not None:
+            return False
+        prefix, suffix = template
+        text_end = end - len(suffix)
+        limit = self._max_event_bytes
+        if (text_end >= start + len(prefix) and data.startswith(prefix, start) and data.endswith(suffix, start, end)
+                and _IN_STRING_ESCAPES.search(data, start + len(prefix), text_end) is None
+                and (limit is None or end - start <= limit)):
+            self.stats.content_ns.append(now_ns)
+            return True
+        return False
 
     def _count_content(self, events: int, now_ns: int) -> None:
         """Count ``events`` mid-stream content events that arrived together at ``now_ns``: 0 s apart after the first."""

@@ -13,6 +13,12 @@ headers (:meth:`~serving.exchange.Exchange.start_stream`). The task wakes only w
 ends or fails, when the reader judged it broken, when the request ran out of time, when the
 client went away, and when the client's socket is full: then it waits for it to drain and hands
 back to the callback.
+
+The usual read of a paced stream is exactly one HTTP chunk holding one ordinary content event. Such
+a read skips even the HTTP parser (:meth:`UpstreamConnection.take_whole_chunks`): the reader tells
+it is forwarded unchanged by a few byte comparisons (:meth:`~serving.sse.SseReader.take_event`) and
+it goes out to the client in the upstream's own chunk framing (:meth:`StreamRelay._relay_whole_chunk`).
+Every other read goes through the parser and :meth:`~serving.sse.SseReader.feed`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ class PieceReader(Protocol):
 
     def feed(self, data: bytes, now_ns: int) -> bytes:
         """Take a piece that arrived at ``now_ns``; return the bytes to forward now."""
+
+    def take_event(self, data: bytes, start: int, end: int, now_ns: int) -> bool:
+        """Take ``data[start:end]``, a piece that arrived at ``now_ns``, if it is to be forwarded unchanged and
+        that is quick to tell (True); else do nothing and return False: it goes to :meth:`feed`."""
 
     @property
     def broken(self) -> bool:
@@ -95,6 +105,7 @@ class StreamRelay:
         self._upstream = upstream
         self._reader = reader
         self._feed = reader.feed
+        self._take_event = reader.take_event
         self._deadline_ns = deadline_ns
         self._stall = StallWatch(upstream, read_timeout_s)
         self._client: ClientStream | None = None
@@ -115,6 +126,7 @@ class StreamRelay:
             DisconnectedError: the upstream's connection broke.
         """
         self._client, self._transport, self._chunked = client, client.transport, client.chunked
+        self._upstream.take_whole_chunks(self._relay_whole_chunk)
         try:
             # The socket callback does the work (see the module's doc); this task wakes to drain or at the end.
             while not await self._upstream.relay(self._relay_piece):
@@ -131,28 +143,50 @@ class StreamRelay:
     def _ended(self) -> bool:
         return self.past_deadline or self._reader.broken
 
-    def _relay_piece(self, chunk: bytes) -> bool:
-        """The upstream connection's sink (called from its socket callback): time, read, write, go on or stop.
+    def _relay_whole_chunk(self, data: bytes, start: int, end: int) -> bool | None:
+        """The upstream connection's first sink for a socket read that is exactly one HTTP chunk, its data at
+        ``data[start:end]``; None when the reader does not take it as it is (then :meth:`_relay_piece` gets it).
 
-        Runs once per socket read of the upstream: on a paced stream, once per event.
+        The usual read of a paced stream: one event, forwarded unchanged in the upstream's own chunk framing.
         """
-        stall = self._stall
-        now_ns = stall.last_read_ns = time.perf_counter_ns()
-        stall.bytes_read = self._upstream.bytes_received
-        if self._deadline_ns is not None and now_ns > self._deadline_ns:
-            self.past_deadline = True
+        now_ns = time.perf_counter_ns()
+        try:
+            if not self._take_event(data, start, end, now_ns):
+                return None
+        except Exception as err:  # a bug here must fail this request in its task, not the socket callback
+            self._failed = err
+            return False
+        return self._send(now_ns, data if self._chunked else data[start:end])
+
+    def _relay_piece(self, chunk: bytes) -> bool:
+        """The upstream connection's sink (called from its socket callback): read, write, go on or stop.
+
+        Runs once per socket read of the upstream that :meth:`_relay_whole_chunk` did not take.
+        """
+        now_ns = time.perf_counter_ns()
         try:
             out = self._feed(chunk, now_ns)
         except Exception as err:  # a bug here must fail this request in its task, not the socket callback
             self._failed = err
             return False
-        if out:
+        if out and self._chunked:
+            out = b"%x\r\n%b\r\n" % (len(out), out)  # one HTTP/1.1 chunk per piece (unframed for HTTP/1.0)
+        return self._send(now_ns, out) and not self._reader.broken
+
+    def _send(self, now_ns: int, framed: bytes) -> bool:
+        """Note a read of the upstream at ``now_ns`` and write ``framed`` to the client; False when the task
+        must take over: the client went away or its socket is full, or the request ran out of time."""
+        stall = self._stall
+        stall.last_read_ns = now_ns
+        stall.bytes_read = self._upstream.bytes_received
+        if self._deadline_ns is not None and now_ns > self._deadline_ns:
+            self.past_deadline = True
+        if framed:
             transport = self._transport
             if transport is None or transport.is_closing():
                 self.client_gone = True
                 return False
-            # One HTTP/1.1 chunk per piece (unframed for an HTTP/1.0 client)
-            transport.write(b"%x\r\n%b\r\n" % (len(out), out) if self._chunked else out)
+            transport.write(framed)
             if self._client is not None and self._client.writing_paused:
                 return False  # the client's socket is full: the task waits for it to drain
-        return not self._ended()
+        return not self.past_deadline

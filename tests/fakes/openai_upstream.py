@@ -159,6 +159,7 @@ class FakeOpenAI:
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
+        created = int(time.time())  # one time for every chunk of the answer, as vLLM stamps them
         try:
             for i in range(n):
                 if model == "break" and i == 2:
@@ -168,7 +169,7 @@ class FakeOpenAI:
                 finish = "length" if i == n - 1 else None
                 choice = ({"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": finish}
                           if chat else {"index": 0, "text": f" w{i}", "finish_reason": finish})
-                chunk: dict[str, Any] = {"id": "x", "created": int(time.time()), "model": model, "choices": [choice]}
+                chunk: dict[str, Any] = {"id": "x", "created": created, "model": model, "choices": [choice]}
                 if continuous:
                     chunk["usage"] = _usage(prompt_tokens, i + 1)
                 await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")

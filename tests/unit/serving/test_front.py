@@ -385,3 +385,38 @@ async def test_a_request_handed_over_mid_connection_keeps_its_header_bytes() -> 
     finally:
         await front.shutdown(1.0)
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_a_paced_streams_reads_go_out_whole_in_the_clients_framing(
+    sidecar: Sidecar, fake: tuple[ThreadedServer, FakeOpenAI], monkeypatch: pytest.MonkeyPatch, version: str,
+) -> None:
+    """Paced, each read of the upstream is one HTTP chunk holding one event: the relay takes the plain ones
+    whole (no parser) and writes them in the upstream's own chunk framing, or unframed to an HTTP/1.0
+    client; either way the client gets every event, whole and in order."""
+    from serving.sse import SseReader
+
+    taken_whole = 0
+    take_event = SseReader.take_event
+
+    def counted(self: SseReader, data: bytes, start: int, end: int, now_ns: int) -> bool:
+        nonlocal taken_whole
+        taken = take_event(self, data, start, end, now_ns)
+        taken_whole += taken
+        return taken
+
+    monkeypatch.setattr(SseReader, "take_event", counted)
+    monkeypatch.setattr(fake[1], "token_delay_s", 0.01)
+    tokens = 12
+    body = json.dumps({"model": "fake-model", "prompt": "hello", "max_tokens": tokens, "stream": True}).encode()
+    reader, writer = await connect(sidecar)
+    writer.write(post("/v1/completions", body, version=version))
+    answer = await read_answer(reader)
+    writer.close()
+    assert answer.status == 200
+    assert ("transfer-encoding" in answer.headers) == (version == "1.1")
+    events = sse_events(answer.body)
+    assert events[-1] == "[DONE]"
+    texts = [event["choices"][0]["text"] for event in events[:-1]]
+    assert texts == [f" w{i}" for i in range(tokens)]
+    assert taken_whole >= tokens - 4  # all but the stream's first few and last events

@@ -253,3 +253,59 @@ def test_a_tool_call_stream_stops_looking_for_a_template_and_still_counts_every_
     assert out == b"".join(events)
     assert reader.stats.content_events == 40
     assert len(calls) == sse._TEMPLATE_TRIES
+
+
+def _as_the_relay_reads(reader: SseReader, reads: list[bytes]) -> bytes:
+    """What the proxy's relay forwards of ``reads``, each one HTTP chunk read whole: the event itself when
+    ``take_event`` takes it (from the framed read, as the relay offers it), else what ``feed`` returns."""
+    out = []
+    for now_ns, data in enumerate(reads, 1):
+        framed = b"%x\r\n%b\r\n" % (len(data), data)
+        start = framed.index(b"\r\n") + 2
+        out.append(data if reader.take_event(framed, start, len(framed) - 2, now_ns) else reader.feed(data, now_ns))
+    return b"".join(out) + reader.flush()
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(_EVENT_KINDS, min_size=1, max_size=40), strip=st.booleans(), role_first=st.booleans(),
+       middle=st.one_of(_MIDDLES, st.just([b"a longer text"])), tight=st.booleans())
+def test_events_taken_whole_are_forwarded_and_counted_as_feed_alone_would(
+    kinds: list[str], strip: bool, role_first: bool, middle: list[bytes], tight: bool
+) -> None:
+    """The relay offers a read of one whole HTTP chunk to ``take_event`` first: whatever the events (text
+    with quotes, escapes or line ends, members smuggled in, an event over the size limit), what is forwarded
+    and counted is what ``feed`` alone gives with its full tests (no template), event by event."""
+    events, _ = _events_of(kinds, role_first)
+    first = _chunk("a")
+    text_at = first.index(b'"a"') + 1
+    limit = len(first) if tight else None  # a tight limit: the template's event fits, a longer text does not
+    reads = [*events[:1], first, first[:text_at] + b"".join(middle) + first[text_at + 1:], *events[1:],
+             _USAGE_CHUNK, b"data: [DONE]\n\n"]
+    results = []
+    for relayed in (True, False):
+        reader = SseReader(strip_usage_chunk=strip, strip_usage_field=False, max_event_bytes=limit)
+        if relayed:
+            out = _as_the_relay_reads(reader, reads)
+        else:  # the full tests only: no template is learnt, so take_event takes nothing
+            reader._template_tries = 0
+            out = b"".join(reader.feed(data, now_ns) for now_ns, data in enumerate(reads, 1)) + reader.flush()
+        stats = reader.stats
+        results.append((out, stats.content_ns, stats.problem, stats.finish_reason, stats.completion_tokens,
+                        stats.done))
+    assert results[0] == results[1]
+    assert results[0][0].endswith(b"data: [DONE]\n\n") or results[0][2] is not None
+
+
+def test_a_paced_streams_plain_events_are_taken_whole() -> None:
+    """The role event and the first content event are parsed, the second teaches the template; every one after
+    it is taken by ``take_event``, not fed."""
+    reader = SseReader(strip_usage_chunk=True, strip_usage_field=False)
+    role = _event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+    words = [_chunk(f"w{i}") for i in range(10)]
+    taken = []
+    for now_ns, data in enumerate([role, *words], 1):
+        framed = b"%x\r\n%b\r\n" % (len(data), data)
+        taken.append(reader.take_event(framed, framed.index(b"\r\n") + 2, len(framed) - 2, now_ns)
+                     or reader.feed(data, now_ns) != data)
+    assert taken == [False, False, False] + [True] * 8
+    assert reader.stats.content_events == 10

@@ -353,3 +353,75 @@ async def test_relay_raises_the_failure_after_the_pieces_before_it(scripted) -> 
     assert b"".join(received) == b"data: 1\n\ndata: 2\n\n"
     answer.release()
     pool.close()
+
+
+def written_reads(reads: list[bytes], head: bytes = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n") -> Answer:
+    """An answer written as ``head`` and then ``reads``, each its own write 10 ms after the one before."""
+    async def answer(_request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(head)
+        for data in reads:
+            await asyncio.sleep(0.01)
+            writer.write(data)
+            await writer.drain()
+    return answer
+
+
+async def relay_both_ways(upstream: ScriptedUpstream, take: Callable[[bytes], bool]) -> tuple[list[bytes], list[bytes]]:
+    """Relay one answer, offering whole chunks to a sink that takes those ``take`` says; (taken whole, the rest).
+
+    The connection must end up back in the pool: read to its end, with the parser where the answer left it.
+    """
+    pool = UpstreamPool(upstream.url, 5.0)
+    answer = await pool.request("GET", "/", {}, None, 5.0)
+    whole: list[bytes] = []
+    rest: list[bytes] = []
+
+    def whole_chunk(data: bytes, start: int, end: int) -> bool | None:
+        if not take(data[start:end]):
+            return None
+        whole.append(data[start:end])
+        return True
+
+    answer.take_whole_chunks(whole_chunk)
+    assert await asyncio.wait_for(answer.relay(lambda piece: rest.append(piece) is None), 5.0) is True
+    answer.release()
+    assert pool.in_use == 0
+    pool.close()
+    return whole, rest
+
+
+async def test_a_read_of_one_whole_chunk_is_offered_whole_and_the_rest_goes_through_the_parser(scripted) -> None:  # type: ignore[no-untyped-def]
+    """Reads of exactly one chunk go to the whole-chunk sink when it takes them; declined ones, a chunk cut in
+    two and two chunks in one read reach relay's sink; every byte arrives once, in order."""
+    pieces = [b"data: 1\n\n", b"data: 2\n\n", b"data: 3\n\n", b"data: 4\n\n", b"data: 5\n\n"]
+    framed = [b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces]
+    reads = [framed[0], framed[1], framed[2][:6], framed[2][6:], framed[3] + framed[4], b"0\r\n\r\n"]
+    upstream = await scripted(written_reads(reads))
+    order: list[bytes] = []
+    whole, rest = await relay_both_ways(upstream, lambda data: order.append(data) is None and data != pieces[1])
+    assert whole == [pieces[0]]
+    assert order == pieces[:2]  # the cut chunk and the read of two were never offered whole
+    assert b"".join(rest) == b"".join(pieces[1:])
+
+
+async def test_a_read_that_continues_a_chunk_is_never_taken_for_a_whole_one(scripted) -> None:  # type: ignore[no-untyped-def]
+    """A chunk's data cut so that its second read looks exactly like a chunk of its own (``5\\r\\nhello\\r\\n``)
+    is the end of that chunk: relayed as such, never offered whole."""
+    data = b"data: a5\r\nhello"
+    reads = [b"%x\r\n%s" % (len(data), data[:7]), data[7:] + b"\r\n", b"0\r\n\r\n"]
+    assert reads[1] == b"5\r\nhello\r\n"
+    upstream = await scripted(written_reads(reads))
+    whole, rest = await relay_both_ways(upstream, lambda _data: True)
+    assert whole == []
+    assert b"".join(rest) == data
+
+
+async def test_a_compressed_chunked_answer_is_never_offered_whole(scripted) -> None:  # type: ignore[no-untyped-def]
+    """Its chunks hold gzip bytes, not the answer: they go through the decoder to relay's sink."""
+    body = gzip.compress(b"data: 1\n\n" * 20)
+    reads = [b"%x\r\n%s\r\n" % (len(body), body), b"0\r\n\r\n"]
+    head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+    upstream = await scripted(written_reads(reads, head))
+    whole, rest = await relay_both_ways(upstream, lambda _data: True)
+    assert whole == []
+    assert b"".join(rest) == b"data: 1\n\n" * 20
