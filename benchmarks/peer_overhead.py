@@ -334,6 +334,40 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
     return lines
 
 
+def ttft_gap_lines(paced: dict[str, Any], scaling: dict[str, dict[str, Any]]) -> list[str]:
+    """For each missed TTFT target (paced, concurrency 128): what this design's floor adds, what the sidecar's own
+    work adds on top of it, and where ``serve --workers 2`` lands in its own rounds."""
+    lines = []
+    two_workers = {cell: targets for label, summary in scaling.items() if label.startswith("paced")
+                   for cell, targets in summary.items()}
+    for cell, targets in paced.items():
+        ours, theirs = (targets[peer].get("added_ttft_p50_ms") for peer in ("inferwatch", "vllm-router-rs"))
+        floor = targets.get("bare-forwarder", {}).get("added_ttft_p50_ms")
+        if not cell.endswith("c128") or ours is None or theirs is None or floor is None or ours <= theirs:
+            continue
+        cpu = {peer: float(targets[peer]["cpu_us_per_req"][peer]) for peer in ("inferwatch", "bare-forwarder")}
+        own = cpu["inferwatch"] - cpu["bare-forwarder"]
+        line = f"- paced {cell}, added TTFT p50: {ours - theirs:.1f} ms over the target. "
+        if floor > theirs:
+            line += (f"The bare forwarder, this design measuring nothing, adds {floor:.1f} ms, over vllm-router's "
+                     f"{theirs:.1f} by itself, so no cut in the sidecar's own work meets it on one event loop.")
+        else:
+            line += (f"The bare forwarder, this design measuring nothing, adds {floor:.1f} ms, {theirs - floor:.1f} "
+                     f"ms under vllm-router's {theirs:.1f}: that is all the target leaves the sidecar's own work "
+                     f"({own:,.0f} µs of CPU a request, {own / cpu['inferwatch']:.0%} of its CPU), which adds "
+                     f"{ours - floor:.1f} ms. On one event loop a new request's first token waits behind the "
+                     "chunks of every stream in flight, and the sidecar's own work makes each of them longer: "
+                     "what it adds to TTFT here is that queueing, not work on the first token's own path.")
+        scaled = two_workers.get(cell)
+        if scaled is not None:
+            mine, router = (scaled[peer].get("added_ttft_p50_ms") for peer in ("inferwatch-2w", "vllm-router-rs"))
+            if mine is not None and router is not None:
+                line += (f" With `serve --workers 2` the streams are spread over two loops: +{mine:.1f} ms against "
+                         f"vllm-router's +{router:.1f} in the same rounds ({'met' if mine <= router else 'missed'}).")
+        lines.append(line)
+    return lines
+
+
 def reader_line(reader_us: float, allowed_chunk: float, cell_chunk: float) -> str:
     """The SSE reader's per-chunk cost, timed call by call in the running sidecar, against the per-chunk budget."""
     line = (f" The SSE reader, the one part of the sidecar's own work that runs per chunk, takes {reader_us:.1f} µs "
@@ -496,6 +530,7 @@ def main() -> int:
         "What is left of each missed target, against what could close it:",
         "",
         *gap_lines(unpaced, paced, costs, reader_us),
+        *ttft_gap_lines(paced, scaling),
         "",
         "What the sidecar's own work is: many small pieces, each done once per request (the OpenTelemetry span "
         "and its traceparent, the JSON body and admission, the metrics with their exemplars, the log sampling "
