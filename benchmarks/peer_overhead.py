@@ -283,8 +283,9 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
               costs: dict[str, dict[str, tuple[float, float]]], reader_us: float | None = None) -> list[str]:
     """For each missed CPU target: how far off it is, and how much of inferwatch's own work would have to go.
 
-    For a stream cell at the split's concurrency, also the budget the target leaves the sidecar's own work
-    (the allowed CPU less the bare forwarder's) against that work's fixed and per-chunk parts from the split,
+    For a stream cell, also the budget the target leaves the sidecar's own work (the allowed CPU less the
+    bare forwarder's) against that work's fixed and per-chunk parts from the split of the same pacing (measured
+    at concurrency 16, the figure a request's own work has whatever the cell's concurrency),
     and the same parts measured unpaced, where one wake-up of the process handles several events. For the
     paced one, ``reader_us``: the SSE reader's own cost on a mid-stream paced chunk in the running sidecar.
     """
@@ -300,14 +301,16 @@ def gap_lines(unpaced: dict[str, Any], paced: dict[str, Any],
         line = (f"- {name}: {ours - allowed:,.0f} µs per request over the target: the sidecar's own work "
                 f"({own:,.0f} µs) would have to shrink by {(ours - allowed) / own:.0%}.")
         pacing = "paced" if name.startswith("paced") else "unpaced"
-        if name.endswith(f" {SPLIT_CELL}") and pacing in costs:
+        if " stream/" in name and pacing in costs:
             budget = allowed - bare
             fixed, per_chunk = own_work(costs[pacing])
             hot_fixed, hot_chunk = own_work(costs["unpaced"])
             bare_hot, bare_paced = costs["unpaced"]["bare-forwarder"][1], costs[pacing]["bare-forwarder"][1]
+            where = "its own rounds" if name.endswith(f" {SPLIT_CELL}") else \
+                f"its own rounds, at concurrency {SPLIT_CONCURRENCY}"
             line += (
                 f" The target leaves it {budget:,.0f} µs a request (vllm-router's CPU less the bare forwarder's). "
-                f"The split below (its own rounds) puts it at {fixed:,.0f} µs a request and {per_chunk:.1f} µs a "
+                f"The split below ({where}) puts it at {fixed:,.0f} µs a request and {per_chunk:.1f} µs a "
                 f"chunk, {fixed + per_chunk * STREAM_CHUNKS:,.0f} µs for {STREAM_CHUNKS} chunks: the part done once "
                 f"per request alone (the span, the metrics, the record, the request's JSON, the first and the usage "
                 f"events parsed) is {fixed / budget:.1f}× the budget. The same work measured unpaced, where one "
