@@ -5,11 +5,13 @@ upstream serves fewer requests a second, each wake-up of its process handles few
 CPU per request rises whatever the proxy sends it (behind nginx as well). That mixes two things: the
 work the sidecar asks of the upstream (extra calls, extra bytes, per-chunk usage) and how busy the
 proxy leaves it. Here both paths get the same open-loop rate, low enough that neither path is the
-bottleneck, so the upstream wakes up alike on both and what is left between them is the work asked of
-it. The shared bench's fake upstream (aiohttp, as vLLM's API server is), unpaced, answers non-streamed
-chat requests and 64-chunk streams; ``inferwatch serve`` runs at its defaults. Rounds alternate the
-paths; the upstream's CPU is read from ``/proc/PID/task/*/schedstat`` (nanoseconds on the CPU, every
-thread).
+bottleneck, so the upstream wakes up alike on both. Twice: with every process free to run on every
+core, where the sidecar's path has one more busy process sharing the upstream's cores, and with the
+upstream on a core of its own (the client and the sidecar on the others), where what is left between
+the paths is the work asked of the upstream. The shared bench's fake upstream (aiohttp, as vLLM's
+API server is), unpaced, answers non-streamed chat requests and 64-chunk streams; ``inferwatch serve``
+runs at its defaults. Rounds alternate the paths; the upstream's CPU is read from
+``/proc/PID/task/*/schedstat`` (nanoseconds on the CPU, every thread).
 
     .venv/bin/python benchmarks/upstream_cost.py [--rounds 4] [--seconds 8] [--write]
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -38,6 +41,27 @@ KINDS = {"non-streamed": (False, 200.0), "streamed, 64 chunks": (True, 50.0)}
 """Each kind of request: (streamed, requests a second on both paths)."""
 BODY = {"model": "ppb-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
         "max_tokens": 64}
+
+
+PLACEMENTS = ("shared", "own core")
+"""Where the processes run: all on every core, or the upstream on core 0 and the rest on the others."""
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Let every thread of process ``pid`` run only on ``cpus`` (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):  # a thread that ended between the listing and the call
+            continue
+
+
+def place(placement: str, upstream: int, others: list[int]) -> None:
+    """Put the upstream and the other processes (the sidecar, this client) where ``placement`` says."""
+    every = set(range(os.cpu_count() or 1))
+    pin(upstream, every if placement == "shared" else {0})
+    for pid in others:
+        pin(pid, every if placement == "shared" else every - {0})
 
 
 def cpu_ns(pid: int) -> int:
@@ -76,9 +100,9 @@ async def open_loop(url: str, stream: bool, rate: float, seconds: float) -> int:
     return done
 
 
-def measure(rounds: int, seconds: float) -> dict[str, dict[str, list[float]]]:
-    """The upstream's CPU µs per request, by kind and path, one figure a round."""
-    results: dict[str, dict[str, list[float]]] = {kind: {"direct": [], "sidecar": []} for kind in KINDS}
+def measure(rounds: int, seconds: float) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """The upstream's CPU µs per request, by kind and placement, and by path, one figure a round."""
+    results = {(kind, placement): {"direct": [], "sidecar": []} for kind in KINDS for placement in PLACEMENTS}
     with tempfile.TemporaryDirectory(prefix="upstream-cost-") as tmp:
         upstream_port, sidecar_port = free_port(), free_port()
         upstream = subprocess.Popen([sys.executable, str(BENCH), "upstream", "--port", str(upstream_port)],
@@ -91,7 +115,9 @@ def measure(rounds: int, seconds: float) -> dict[str, dict[str, list[float]]]:
         try:
             wait_ready(paths["direct"] + "/v1/models")
             wait_ready(paths["sidecar"] + "/healthz")
-            for kind, (stream, rate) in KINDS.items():
+            for (kind, placement), figures in results.items():
+                stream, rate = KINDS[kind]
+                place(placement, upstream.pid, [sidecar.pid, os.getpid()])
                 for url in paths.values():  # warm-up: connections opened, first-use paths taken
                     asyncio.run(open_loop(url, stream, rate, 1.0))
                 for number in range(1, rounds + 1):
@@ -102,10 +128,11 @@ def measure(rounds: int, seconds: float) -> dict[str, dict[str, list[float]]]:
                         if answered != int(rate * seconds):
                             raise SystemExit(f"upstream_cost: {path} answered {answered} of "
                                              f"{int(rate * seconds)} {kind} requests")
-                        results[kind][path].append(used / answered / 1e3)
-                    print(f"upstream_cost: {kind}, round {number}/{rounds}: " + ", ".join(
-                        f"{path} {results[kind][path][-1]:.0f} µs" for path in paths), file=sys.stderr, flush=True)
+                        figures[path].append(used / answered / 1e3)
+                    print(f"upstream_cost: {kind}, {placement}, round {number}/{rounds}: " + ", ".join(
+                        f"{path} {figures[path][-1]:.0f} µs" for path in paths), file=sys.stderr, flush=True)
         finally:
+            place("shared", upstream.pid, [os.getpid()])
             for process in (sidecar, upstream):
                 process.send_signal(signal.SIGINT)
             for process in (sidecar, upstream):
@@ -116,17 +143,21 @@ def measure(rounds: int, seconds: float) -> dict[str, dict[str, list[float]]]:
     return results
 
 
-def report(results: dict[str, dict[str, list[float]]], rounds: int, seconds: float) -> str:
+PLACEMENT_CELLS = {"shared": "every process on every core", "own core": "the upstream on a core of its own"}
+
+
+def report(results: dict[tuple[str, str], dict[str, list[float]]], rounds: int, seconds: float) -> str:
     """The section: the table, round by round ratios, and what they say."""
-    rows, verdicts = [], []
-    for kind, paths in results.items():
+    rows, verdicts = [], {placement: [] for placement in PLACEMENTS}
+    for (kind, placement), paths in results.items():
         direct, sidecar = percentile(paths["direct"], 0.5), percentile(paths["sidecar"], 0.5)
         ratios = [ours / theirs for ours, theirs in zip(paths["sidecar"], paths["direct"], strict=True)]
         ratio = percentile(ratios, 0.5)
         _, rate = KINDS[kind]
-        rows.append(f"| {kind} | {rate:.0f} | {direct:,.0f} | {sidecar:,.0f} | {ratio:.2f}× | "
-                    + ", ".join(f"{r:.2f}" for r in ratios) + " |")
-        verdicts.append(f"{kind}: {ratio:.2f}× ({'within' if ratio <= 1.10 else 'over'} the issue's 1.10×)")
+        rows.append(f"| {kind} | {rate:.0f} | {PLACEMENT_CELLS[placement]} | {direct:,.0f} | {sidecar:,.0f} | "
+                    f"{ratio:.2f}× | " + ", ".join(f"{r:.2f}" for r in ratios) + " |")
+        verdicts[placement].append(f"{kind} {ratio:.2f}× ({'within' if ratio <= 1.10 else 'over'} the issue's "
+                                   "1.10×)")
     return "\n".join([
         f"Command: `.venv/bin/python benchmarks/upstream_cost.py --rounds {rounds} --seconds {seconds:g} --write` "
         f"(revision {revision()}, {machine()}); the shared bench's fake upstream, unpaced, direct and through "
@@ -134,13 +165,15 @@ def report(results: dict[str, dict[str, list[float]]], rounds: int, seconds: flo
         f"{seconds:g} s alternating the paths; the upstream's CPU per request from the scheduler's count "
         "(every thread), medians over the rounds, the ratio the median of the rounds' own ratios:",
         "",
-        "| requests | a second | upstream CPU per request, direct (µs) | through the sidecar (µs) "
-        "| sidecar / direct | round by round |",
-        "|---|---:|---:|---:|---:|---|",
+        "| requests | a second | where the processes run | upstream CPU per request, direct (µs) "
+        "| through the sidecar (µs) | sidecar / direct | round by round |",
+        "|---|---:|---|---:|---:|---:|---|",
         *rows,
         "",
-        "At the same rate the upstream wakes up alike on both paths, so the ratio is the work the sidecar "
-        "asks of it: " + "; ".join(verdicts) + ". At its defaults the sidecar sends the request it got with "
+        "At the same rate the upstream wakes up alike on both paths. With the upstream on a core of its own "
+        "the ratio is the work the sidecar asks of it: " + "; ".join(verdicts["own core"]) + ". With every "
+        "process on every core, the sidecar's path has one more busy process sharing the upstream's cores: "
+        + "; ".join(verdicts["shared"]) + ". At its defaults the sidecar sends the request it got with "
         "a traceparent header and `Accept-Encoding: identity` added, asks for the usage chunk a stream ends "
         "with and for nothing on each chunk, and makes no call of its own (`serve.exact_live_token_counts`, "
         "off by default, adds per-chunk usage and a `/tokenize` call per non-streamed request). The sidecar's "
@@ -157,6 +190,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds a path is driven a round (default 8)")
     parser.add_argument("--write", action="store_true", help="write the section into BENCHMARKS.md")
     args = parser.parse_args()
+    if (os.cpu_count() or 1) < 2:
+        print("upstream_cost: needs two cores at least (the upstream gets one of its own)", file=sys.stderr)
+        return 2
     if not BENCH.exists():
         print(f"upstream_cost: {BENCH} is missing (the shared bench)", file=sys.stderr)
         return 2
