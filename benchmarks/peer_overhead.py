@@ -510,7 +510,8 @@ def main() -> int:
         "CPU per request of each proxy process (µs), the sidecar's ratio to vllm-router's, the TTFT each adds "
         "over direct (ms, p50), and the upstream's CPU per request through each proxy against direct (the "
         "upstream serves fewer requests per second behind a proxy on a shared 2-core machine, and costs more "
-        "per request behind any proxy, nginx included):",
+        "per request behind any proxy, nginx included; \"The upstream's CPU at the same request rate\" "
+        "measures it with both paths at one rate):",
         "",
         "| cell | nginx | vllm-router (Rust) | raw relay | bare forwarder | inferwatch | inferwatch / vllm-router "
         "| added TTFT p50: nginx / router / relay / forwarder / inferwatch "
