@@ -24,6 +24,10 @@ from tests.harness import servers
 pytestmark = pytest.mark.real_server
 
 PROMPT = " ".join(["water time people"] * 43)  # about 130 tokens with the tiny model's tokenizer
+USAGE_SAMPLES = 8
+"""KV usage samples the preemption test wants taken under load (each prompt distinct: no shared cached block)."""
+PREEMPTION_WAVES = 3
+"""At most this many waves of 16 long requests to take them."""
 
 
 def _value(text: str, sample: str, **labels: str) -> float | None:
@@ -63,7 +67,7 @@ async def _stream(
 
 
 async def test_preemption_counter_rises_and_equals_vllm(idle_tiny_kv_server: servers.VllmServer) -> None:
-    """16 long requests on 65 blocks force preemptions; the sidecar's counter rises and equals vLLM's.
+    """Waves of 16 long requests on 65 blocks force preemptions; the sidecar's counter rises and equals vLLM's.
 
     Each prompt starts with its own number, so no two share a prefix-cached block: with vLLM's 8 running
     sequences, their prompts alone hold 40 of the 64 usable blocks, and the usage the scrapes sample
@@ -72,17 +76,23 @@ async def test_preemption_counter_rises_and_equals_vllm(idle_tiny_kv_server: ser
     watch, registry = _watch(server)
     await watch.scrape_once()
     before = _value(generate_latest(registry).decode(), ce.ENGINE_PREEMPTIONS.series, model_name=server.model_name)
+    usages: list[float] = []
     async with aiohttp.ClientSession() as session:
-        load = asyncio.gather(*(
-            _stream(session, server.base_url, server.model_name, f"{n} {PROMPT}", 512) for n in range(16)
-        ))
-        usages: list[float] = []
-        while not load.done():
-            await watch.scrape_once()
-            view = watch.latest_snapshot.series[0] if watch.latest_snapshot.series else None
-            usages.append((view.kv_usage or 0.0) if view else 0.0)
-            await asyncio.sleep(0.1)  # a scrape can take seconds on the busy 2 cores: sample as often as we can
-        await load
+        # Waves of 16 until the scrapes have sampled the usage often enough: a scrape can take seconds on
+        # the busy 2 cores, and on a fast day one wave ends within two or three of them.
+        for wave in range(PREEMPTION_WAVES):
+            load = asyncio.gather(*(
+                _stream(session, server.base_url, server.model_name, f"{wave * 16 + n} {PROMPT}", 512)
+                for n in range(16)
+            ))
+            while not load.done():
+                await watch.scrape_once()
+                view = watch.latest_snapshot.series[0] if watch.latest_snapshot.series else None
+                usages.append((view.kv_usage or 0.0) if view else 0.0)
+                await asyncio.sleep(0.1)  # sample as often as we can
+            await load
+            if len(usages) >= USAGE_SAMPLES:
+                break
     await watch.scrape_once()
     await watch.stop()
     ours = _value(generate_latest(registry).decode(), ce.ENGINE_PREEMPTIONS.series, model_name=server.model_name)
