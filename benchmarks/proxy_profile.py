@@ -112,9 +112,13 @@ def wait_ready(url: str, deadline_s: float = 60) -> None:
     raise SystemExit(f"proxy_profile: {url} not ready within {deadline_s:.0f} s")
 
 
+CHAT_BODY = {"model": "ppb-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
+             "max_tokens": 64}
+"""The chat request the benchmarks send the shared bench's fake upstream (``stream`` added per request)."""
+
+
 async def drive(url: str, stream: bool, requests: int, concurrency: int = 16) -> None:
-    body = {"model": "ppb-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
-            "max_tokens": 64, "stream": stream}
+    body = {**CHAT_BODY, "stream": stream}
     left = iter(range(requests))
 
     async def worker(session: aiohttp.ClientSession) -> None:

@@ -33,14 +33,12 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import ROOT, machine, percentile, publish, revision
-from benchmarks.proxy_profile import BENCH, wait_ready
+from benchmarks.proxy_profile import BENCH, CHAT_BODY, wait_ready
 from serving.tools.launcher import free_port
 
 SECTION = "The upstream's CPU at the same request rate"
 KINDS = {"non-streamed": (False, 200.0), "streamed, 64 chunks": (True, 50.0)}
 """Each kind of request: (streamed, requests a second on both paths)."""
-BODY = {"model": "ppb-model", "messages": [{"role": "user", "content": "Say hello to the benchmark."}],
-        "max_tokens": 64}
 
 
 PLACEMENTS = ("shared", "own core")
@@ -78,7 +76,7 @@ def cpu_ns(pid: int) -> int:
 async def open_loop(url: str, stream: bool, rate: float, seconds: float) -> int:
     """Send requests at ``rate`` a second for ``seconds`` whatever the answers' pace; returns how many came back
     whole (status 200, the body read to its end)."""
-    body = {**BODY, "stream": stream}
+    body = {**CHAT_BODY, "stream": stream}
     done = 0
 
     async def one(session: aiohttp.ClientSession) -> None:
