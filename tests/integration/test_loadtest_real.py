@@ -61,13 +61,16 @@ def _colors(path: Path) -> int:
 def _mixed_report(
     vllm_server: servers.VllmServer, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[int, dict[str, Any], dict[str, float], dict[str, float], Path]:
-    """A two-step mixed run with --report straight at vLLM, with vLLM's counters before and after."""
+    """A two-step mixed run with --report straight at vLLM, with vLLM's counters before and after.
+
+    The run takes about 1.5 s on a fast machine, so the timeline scrapes vLLM every 0.1 s: at 0.5 s a CI run
+    took all its few samples while vLLM's running gauge read 0."""
     vllm_server.wait_idle()
     out = tmp_path_factory.mktemp("loadtest-report")
     before = _counters(vllm_server)
     code = cli.main(["loadtest", "--url", vllm_server.base_url, "--model", MODEL, "--mix",
                      ",".join(f"{k}:{v}" for k, v in MIX.items()), "--concurrency", "2,4", "--requests", "30",
-                     "--max-tokens", "8", "--ignore-eos", "--report", str(out), "--scrape-interval", "0.5",
+                     "--max-tokens", "8", "--ignore-eos", "--report", str(out), "--scrape-interval", "0.1",
                      "--slo-latency-s", "20", "--slo-objective", "0.99", "--expected-rpm", "120", "--quiet",
                      "--json"])
     after = _counters(vllm_server)
