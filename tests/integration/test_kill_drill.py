@@ -377,15 +377,15 @@ def test_shared_server_restarted_in_place(drill: Drill, vllm_tiny_kv_server: ser
     assert server.pid != drill.old_api_pid
     assert f"--port {server.port}" in " ".join(psutil.Process(server.pid).cmdline())
     assert servers.http_status(f"{server.base_url}/health") == 200
-    assert _session_members(drill.old_api_pid) == [], "processes of the killed vLLM are left over"
+    assert _group_members(drill.old_api_pid) == [], "processes of the killed vLLM are left over"
 
 
-def _session_members(session_id: int) -> list[int]:
-    """Pids of live processes in the session (``setsid``) the launcher started a server in."""
+def _group_members(group_id: int) -> list[int]:
+    """Pids of live processes in the process group the launcher started a server in."""
     members = []
     for proc in psutil.process_iter():
         try:
-            if os.getsid(proc.pid) == session_id and proc.status() != psutil.STATUS_ZOMBIE:
+            if os.getpgid(proc.pid) == group_id and proc.status() != psutil.STATUS_ZOMBIE:
                 members.append(proc.pid)
         except (OSError, psutil.Error):
             continue
