@@ -97,10 +97,10 @@ class RuleRunner:
         )
         self.metrics = _Metrics(metrics_registry)
         self.firing: Mapping[str, tuple[Mapping[str, str], ...]] = {}
-        self.alert_snapshot: tuple[dict[str, Any], ...] = ()
-        """Every alert held after the last cycle, as JSON (for ``/admin/alerts``); replaced whole, like ``firing``."""
         """Label sets of the alerts firing after the last cycle, by alert name: a snapshot replaced whole,
         so the event loop reads it without a lock while the cycle runs in its worker thread."""
+        self.alert_snapshot: tuple[dict[str, Any], ...] = ()
+        """Every alert held after the last cycle, as JSON (for ``/admin/alerts``); replaced whole, like ``firing``."""
         self._seen: dict[str, set[Labels]] = {}
         self._dropped = (0, 0)
         self._last_gc = 0
