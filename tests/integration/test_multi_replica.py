@@ -54,6 +54,10 @@ A_OK, B_OK, B_SLOW = 15, 3, 3
 WHOLE_RUN = "10m"
 """$__rate_interval for the rate-based checks: longer than the whole run, so every sample is in it."""
 SETTLE_DEADLINE_S = 60.0
+MIN_RATE_WINDOW_S = 15
+"""The rate-based checks' window is at least this long. rate() stretches an increase over the gaps of up to about
+a scrape interval (1 s) at each edge of its window: about 15 / 13 at most here. A CI run whose phase 2 was scraped
+and recorded within a few seconds saw 8 requests in the rate where 6 were sent."""
 
 
 def _post(url: str, body: dict[str, Any]) -> int:
@@ -250,6 +254,7 @@ def test_dashboards_and_rules_aggregate_two_replicas(
 
     _wait_for(counted(every), f"raw counters equal to what the client sent ({dict(every)})")
     _wait_for(recorded_totals, "the SLO event sums equal to what the client sent")
+    time.sleep(max(0.0, t0 + MIN_RATE_WINDOW_S - 2 - time.time()))  # the counters stay flat meanwhile
     t1 = time.time()
 
     # The instance variable's query lists both sidecars.
