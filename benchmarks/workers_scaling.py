@@ -7,6 +7,10 @@ requests them through the sidecar over 64 keep-alive connections. Sidecars with 
 run side by side and are measured in alternating rounds; req/s are medians over the rounds, and
 CPU per request counts every process of the sidecar.
 
+Every process stays in this script's session. With the kernel's autogroup scheduling a session is
+one scheduling group: a sidecar started in a session of its own had its 2 workers share one group's
+CPU against the group of nginx and wrk, whatever the number of workers.
+
     apt-get install -y nginx-light wrk
     .venv/bin/python benchmarks/workers_scaling.py [--rounds 3] [--seconds 8] [--write]
 """
@@ -72,7 +76,7 @@ def start_sidecar(upstream: str, work: Path, workers: int) -> tuple[subprocess.P
     process = subprocess.Popen(
         [sys.executable, "-m", "serving.cli", "serve", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
          "--workers", str(workers), "--logs-dir", str(work / f"logs-{workers}"), "--gpu-enabled", "false"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # this session: see the module docstring
     wait_ready(f"http://127.0.0.1:{port}/healthz")
     deadline = time.monotonic() + 60  # the secondaries listen a moment after the primary
     while len(psutil.Process(process.pid).children()) < workers - 1 and time.monotonic() < deadline:
@@ -166,7 +170,8 @@ def main() -> int:
         "JSON answer from files, wrk requests them over 64 keep-alive connections, through sidecars with 1 and "
         "2 workers started side by side, alternating rounds, medians; CPU per request counts every process of "
         "the sidecar. Both ends are C programs, so the sidecar is what limits the rate and a second worker has "
-        "a core to use (on 2 cores the ends still take part of it).",
+        "a core to use (on 2 cores the ends still take part of it). Every process runs in the script's session "
+        "(with autogroup scheduling, a session of its own would make the workers share one group's CPU).",
         "",
         "| answer | workers | req/s | vs direct | vs 1 worker | sidecar CPU per request (µs) |",
         "|---|---|---:|---:|---:|---:|",
