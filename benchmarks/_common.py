@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import platform
 import re
+import signal
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +60,15 @@ def write_section(heading: str, body: str) -> None:
         text = text.rstrip("\n") + f"\n\n## {heading}\n\n"
     text = pattern.sub(lambda m: m.group(1) + "\n" + body.strip("\n") + "\n\n", text, count=1)
     BENCHMARKS_MD.write_text(text)
+
+
+def interrupt_all(processes: Iterable[subprocess.Popen[bytes]], wait_s: float = 30.0) -> None:
+    """SIGINT every process (a sidecar then shuts down cleanly), wait for each, kill any still running."""
+    started = list(processes)
+    for process in started:
+        process.send_signal(signal.SIGINT)
+    for process in started:
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            process.kill()

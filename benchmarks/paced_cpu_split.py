@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, percentile, publish, revision
+from benchmarks._common import ROOT, interrupt_all, machine, percentile, publish, revision
 from benchmarks.peer_overhead import peers_config
 from benchmarks.proxy_profile import BENCH, drive, wait_ready
 from serving.tools.launcher import free_port
@@ -142,13 +142,7 @@ def measure(venv_root: Path, rounds: int, streams: int) -> tuple[dict[str, list[
                 for name, (url, pid) in urls.items():
                     calls[name] = counted_calls(pid, url, min(streams, COUNTED_STREAMS))
         finally:
-            for process in processes:
-                process.send_signal(signal.SIGINT)
-            for process in processes:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            interrupt_all(processes)
     return runs, calls
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import ROOT, machine, percentile, publish, revision
+from benchmarks._common import ROOT, interrupt_all, machine, percentile, publish, revision
 from benchmarks.proxy_profile import BENCH, CHAT_BODY, wait_ready
 from serving.tools.launcher import free_port
 
@@ -131,13 +130,7 @@ def measure(rounds: int, seconds: float) -> dict[tuple[str, str], dict[str, list
                         f"{path} {figures[path][-1]:.0f} µs" for path in paths), file=sys.stderr, flush=True)
         finally:
             place("shared", upstream.pid, [os.getpid()])
-            for process in (sidecar, upstream):
-                process.send_signal(signal.SIGINT)
-            for process in (sidecar, upstream):
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            interrupt_all((sidecar, upstream))
     return results
 
 
