@@ -240,8 +240,7 @@ class UpstreamConnection(asyncio.Protocol):
                     go_on = self._whole_chunk_sink(data, start, end)
                     if go_on is not None:
                         if not go_on:
-                            self._sink = None
-                            self._wake()
+                            self._end_relay()
                         return
         if self._head is None or self.finished:  # the upstream spoke out of turn: never reuse this one
             self.close()
@@ -255,14 +254,18 @@ class UpstreamConnection(asyncio.Protocol):
             self._at_chunk_start = False
         if self._chunks and self._sink is not None:  # relay(): handed on now, no wake-up
             if not self._sink(self._take()):
-                self._sink = None
-                self._wake()
+                self._end_relay()
         elif self._chunks:  # one wake-up and one high-water check per socket read, however many chunks
             self._buffered += len(data)
             if self._buffered > HIGH_WATER_BYTES and not self._paused and self._transport is not None:
                 self._paused = True
                 self._transport.pause_reading()
             self._wake()
+
+    def _end_relay(self) -> None:
+        """The sink stopped taking: wake :meth:`relay`, which returns False; later pieces wait in the buffer."""
+        self._sink = None
+        self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
