@@ -128,8 +128,7 @@ def _wait_for(check: Callable[[], bool], what: str, state: Callable[[], object] 
 def _prom_query(base_url: str, query: str) -> object:
     url = f"{base_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            result = json.loads(response.read())["data"]["result"]
+        result = _get(url)["data"]["result"]
     except (OSError, ValueError, KeyError) as err:
         return repr(err)
     return [(r["metric"], r["value"][1]) for r in result]
