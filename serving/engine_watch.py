@@ -131,7 +131,11 @@ class EngineWatch:
                 if response.status != 200:
                     reason = "http_status"
                 else:
-                    body = await response.content.read(cfg.max_bytes + 1)
+                    body = bytearray()
+                    async for piece in response.content.iter_any():  # to the end: read(n) gives what came so far
+                        body += piece
+                        if len(body) > cfg.max_bytes:
+                            break
                     if len(body) > cfg.max_bytes:
                         reason = "too_large"
                     else:

@@ -73,6 +73,38 @@ async def test_failed_scrapes_are_counted_by_reason_and_keep_the_last_snapshot(a
     assert watch.latest_snapshot.generation == "v1_engine"
 
 
+async def _serve_in_two_pieces(request: web.Request) -> web.StreamResponse:
+    """The exposition in two writes 0.2 s apart, as a busy vLLM's answer can arrive."""
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; version=0.0.4"})
+    await response.prepare(request)
+    half = len(CURRENT) // 2
+    await response.write(CURRENT[:half].encode())
+    await asyncio.sleep(0.2)
+    await response.write(CURRENT[half:].encode())
+    await response.write_eof()
+    return response
+
+
+async def test_an_answer_that_arrives_in_pieces_is_read_to_its_end(aiohttp_server: Any) -> None:
+    """The scrape parses the whole exposition, not the part that had come when it first looked (a CI run
+    published a snapshot without vllm:cache_config_info, near the end of vLLM's text)."""
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, _serve_in_two_pieces)))
+    await watch.scrape_once()
+    await watch.stop()
+    assert watch.state.up
+    assert watch.latest_text == CURRENT
+
+
+async def test_an_answer_over_the_size_limit_counts_too_large_however_it_arrives(aiohttp_server: Any) -> None:
+    """Past scrape.max_bytes, over several writes, the scrape fails as too_large and publishes nothing."""
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, _serve_in_two_pieces),
+                                  max_bytes=len(CURRENT) - 1))
+    await watch.scrape_once()
+    await watch.stop()
+    assert dict(watch.state.failures) == {"too_large": 1}
+    assert not watch.state.up
+
+
 async def test_unreachable_upstream_counts_a_connect_failure() -> None:
     """Scraping a closed port counts a connect failure without raising."""
     watch = EngineWatch(_settings("http://127.0.0.1:9"))
