@@ -42,6 +42,7 @@ from exporters.inflight import InFlightTokens
 from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher, load_pynvml
 from exporters.process_health import ProcessHealth, ProcessSnapshot
 from exporters.vllm_parse import EMPTY, EngineSnapshot, parse_exposition
+from serving.bounded_read import read_at_most
 from serving.config import Settings
 
 log = structlog.get_logger(__name__)
@@ -131,11 +132,7 @@ class EngineWatch:
                 if response.status != 200:
                     reason = "http_status"
                 else:
-                    body = bytearray()
-                    async for piece in response.content.iter_any():  # to the end: read(n) gives what came so far
-                        body += piece
-                        if len(body) > cfg.max_bytes:
-                            break
+                    body = await read_at_most(response.content, cfg.max_bytes)
                     if len(body) > cfg.max_bytes:
                         reason = "too_large"
                     else:

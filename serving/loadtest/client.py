@@ -13,10 +13,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from serving.bounded_read import read_at_most
 from serving.sse import SseReader
 
 TRACE_HEADER = "x-trace-id"
 DETAIL_CHARS = 200
+ERROR_BODY_BYTES = 64 * 1024
+"""The most of a failed request's answer read for its error message."""
 
 
 @dataclass(slots=True)
@@ -81,7 +84,8 @@ async def send_request(
             result.trace_id = response.headers.get(TRACE_HEADER)
             if response.status >= 400:
                 result.error = str(response.status)
-                result.detail = _error_detail(await response.content.read(64 * 1024))
+                body = await read_at_most(response.content, ERROR_BODY_BYTES)
+                result.detail = _error_detail(body[:ERROR_BODY_BYTES])
             elif payload.get("stream"):
                 await _read_stream(response, result, start_ns)
             else:
