@@ -120,7 +120,7 @@ class TestWriterThread:
         while _value(registry, cat.LOG_FRAMES) < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert _value(registry, cat.LOG_ARCHIVED_RECORDS) == 20
-        assert len(rounds) <= 3, rounds  # the first record's, the frame's; woken per record it was 20 or more
+        assert len(rounds) <= 3, rounds  # the first record's, the frame's; a writer woken per record takes 20 or more
         sink.close(5.0)
 
     def test_a_frames_worth_of_records_wakes_the_writer_before_the_frame_is_due(self, tmp_path: Path) -> None:
