@@ -77,6 +77,10 @@ class EngineState:
     last_success_timestamp: float | None = None
     tokens_per_joule: tuple[tuple[str, float], ...] = ()
     batch_requests: dict[str, Histogram] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    stale: bool = False
+    """The engine series are left out of the exposition (``ce.SCRAPE_STALE``): the upstream has failed too many
+    scrapes in a row or lost readiness, and its last snapshot must not pass for a live engine."""
 
 
 def _histogram_family(spec: MetricSpec, label_value: str, hist: Histogram, family: HistogramMetricFamily) -> None:
@@ -87,7 +91,8 @@ def _histogram_family(spec: MetricSpec, label_value: str, hist: Histogram, famil
 
 
 class EngineCollector(Collector):
-    """The derived engine, KV-cache and scrape-health families."""
+    """The scrape-health families (always) and the engine and KV-cache families derived from the upstream's
+    /metrics (``ce.ENGINE_SERIES``; none while ``EngineState.stale``)."""
 
     def __init__(
         self, state: Callable[[], EngineState], inflight: InFlightTokens | None = None,
@@ -102,6 +107,8 @@ class EngineCollector(Collector):
         """Build the families from the latest state."""
         state = self._state()
         yield from self._scrape_health(state)
+        if state.stale:  # absent, not frozen: Prometheus and the rule engine see the series end
+            return
         views = derive.model_views(state.snapshot)
         yield from self._engine(state, views)
         yield from self._kv(views)
@@ -130,6 +137,10 @@ class EngineCollector(Collector):
             last = _gauge(ce.SCRAPE_LAST_SUCCESS)
             last.add_metric([state.upstream], state.last_success_timestamp)
             yield last
+        consecutive, stale = _gauge(ce.SCRAPE_CONSECUTIVE_FAILURES), _gauge(ce.SCRAPE_STALE)
+        consecutive.add_metric([state.upstream], state.consecutive_failures)
+        stale.add_metric([state.upstream], 1.0 if state.stale else 0.0)
+        yield from (consecutive, stale)
 
     def _engine(self, state: EngineState, views: list[derive.ModelView]) -> Iterator[Metric]:
         snap = state.snapshot

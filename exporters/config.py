@@ -33,6 +33,13 @@ class ScrapeConfig:
         16 * 1024 * 1024, "Largest /metrics body read from the upstream, in bytes; a larger one fails.",
         check=positive,
     )
+    stale_after_failures: int = setting(
+        3, "Consecutive failed scrapes after which the engine series (those derived from the upstream's "
+        "/metrics) leave the sidecar's /metrics, so Prometheus marks them stale; they also leave at once "
+        "when a readiness probe finds the upstream not ready (an answer other than 200, or nothing "
+        "listening). One slow scrape of a busy engine does not drop them.",
+        check=positive,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,11 +162,12 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.cleanup_ctx.append(_readiness_job)
     app.cleanup_ctx.append(engine_watch_ctx(
         settings, registry, session, app[INFLIGHT], readiness=lambda: readiness.last_ok,
+        readiness_lost=lambda: readiness.lost,
         measured_kv_usage=engine_stats.fresh_kv_usage if engine_stats is not None else None,
     ))
     app.cleanup_ctx.append(rule_engine_ctx(
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
-        registry, latest_vllm_text=lambda: app[ENGINE_WATCH].latest_text if ENGINE_WATCH in app else None,
+        registry, latest_vllm_text=lambda: app[ENGINE_WATCH].live_text() if ENGINE_WATCH in app else None,
         interval_s=settings.rules.evaluation_interval_s,
     ))
     app.on_cleanup.append(_shutdown_tracing)

@@ -45,6 +45,9 @@ class Readiness:
         self.last_ok: bool | None = None
         self.last_error: str | None = None
         self.last_probe_unix: float | None = None
+        self.lost = False
+        """The last probe that got an outcome found the upstream not ready: it answered other than 200, or
+        nothing listened. A probe that timed out leaves this as it was: a busy engine can be slow to answer."""
 
     async def probe(self) -> bool:
         """GET the upstream health URL once; remember and return whether it answered 200."""
@@ -52,8 +55,11 @@ class Readiness:
             async with self._session().get(self.url, timeout=self._timeout) as response:  # type: ignore[operator]
                 ok = response.status == 200
                 self.last_error = None if ok else f"upstream answered {response.status}"
-        except (aiohttp.ClientError, TimeoutError) as err:
+            self.lost = not ok
+        except TimeoutError as err:
             ok, self.last_error = False, f"upstream unreachable: {err.__class__.__name__}: {err}"
+        except aiohttp.ClientError as err:
+            ok, self.last_error, self.lost = False, f"upstream unreachable: {err.__class__.__name__}: {err}", True
         self.last_ok, self.last_probe_unix = ok, time.time()
         if self._on_result is not None:
             self._on_result(ok)

@@ -3,11 +3,19 @@
 Plug into the app with one line::
 
     app.cleanup_ctx.append(engine_watch_ctx(settings, registry, inflight=app[INFLIGHT],
-                                            readiness=lambda: app[READINESS].last_ok))
+                                            readiness=lambda: app[READINESS].last_ok,
+                                            readiness_lost=lambda: app[READINESS].lost))
 
 The context stores the :class:`EngineWatch` under ``app[ENGINE_WATCH]`` (latest raw scrape in
-``.latest_text``, parsed in ``.latest_snapshot``; ``.process.note_upstream_error_body(text)`` for the
-proxy). apscheduler runs the scrape on the event loop (aiohttp, with a timeout) and the NVML and
+``.latest_text``, parsed in ``.latest_snapshot``; ``.live_text()`` is the raw scrape while the engine
+series are exported; ``.process.note_upstream_error_body(text)`` for the proxy).
+
+The engine series (``exporters.catalog.engine.ENGINE_SERIES``: everything derived from the
+upstream's /metrics) go stale, that is leave the exposition, once ``scrape.stale_after_failures``
+scrapes in a row have failed or a readiness probe found the upstream not ready, and come back with
+the next successful scrape of a ready upstream. The scrape-health series say which.
+
+apscheduler runs the scrape on the event loop (aiohttp, with a timeout) and the NVML and
 psutil polls in worker threads, so nothing blocks the loop; the XID event thread is a daemon thread
 that stops within ``gpu.event_timeout_ms`` of shutdown.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -68,9 +77,13 @@ class EngineWatch:
         *,
         nvml_module: Any = None,
         readiness: Callable[[], bool | None] | None = None,
+        readiness_lost: Callable[[], bool] | None = None,
         session_getter: Callable[[], aiohttp.ClientSession] | None = None,
         measured_kv_usage: Callable[[], float | None] | None = None,
     ) -> None:
+        """``readiness``: the last readiness probe's outcome (None before one); ``readiness_lost``: whether the
+        last probe with an outcome found the upstream not ready (``Readiness.lost``), which takes the engine
+        series out at once."""
         self.settings = settings
         self.inflight = inflight
         self.measured_kv_usage = measured_kv_usage
@@ -85,12 +98,14 @@ class EngineWatch:
         self.process_snapshot: ProcessSnapshot | None = None
         self._nvml_module = nvml_module
         self._readiness = readiness
+        self._readiness_lost = readiness_lost
         self._session_getter = session_getter
         self._own_session: aiohttp.ClientSession | None = None
         self._reader: NvmlReader | None = None
         self._xid_stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
         self._failures: dict[str, int] = {}
+        self._consecutive_failures = 0
         self._parse_errors = 0
         self._batch = SampledHistogram(ce.ENGINE_BATCH_REQUESTS.buckets or (1,))
         self._previous: tuple[dict[str, float], dict[str, float | None]] | None = None
@@ -101,7 +116,7 @@ class EngineWatch:
         """Register the engine, GPU and process collectors on the sidecar's registry."""
         collectors: list[Any] = []
         if self.settings.scrape.enabled:
-            collectors.append(EngineCollector(lambda: self.state, self.inflight, self.measured_kv_usage))
+            collectors.append(EngineCollector(self.published_state, self.inflight, self.measured_kv_usage))
         if self.settings.gpu.enabled:
             collectors.append(GpuCollector(lambda: self.gpu, lambda: self.gpu_available))
         # The OOM and restart counters exist even when no process is watched: OOMs are also read
@@ -151,12 +166,28 @@ class EngineWatch:
 
     def _fail(self, reason: str, duration: float) -> None:
         self._failures[reason] = self._failures.get(reason, 0) + 1
-        log.debug("upstream_scrape_failed", url=self.url, reason=reason)
+        self._consecutive_failures += 1
+        log.debug("upstream_scrape_failed", url=self.url, reason=reason, in_a_row=self._consecutive_failures)
         self.state = EngineState(
             self.upstream, self.latest_snapshot, False, duration, tuple(sorted(self._failures.items())),
             self._parse_errors, self.state.last_success_timestamp, self.state.tokens_per_joule,
-            self._batch.histograms(),
+            self._batch.histograms(), self._consecutive_failures,
         )
+
+    def _stale(self, state: EngineState) -> bool:
+        """Whether the engine series are left out now: too many failed scrapes in a row, or readiness lost."""
+        if state.consecutive_failures >= self.settings.scrape.stale_after_failures:
+            return True
+        return self._readiness_lost is not None and self._readiness_lost()
+
+    def published_state(self) -> EngineState:
+        """The state the collector exports: the latest one, marked stale when the engine series must go."""
+        state = self.state
+        return dataclasses.replace(state, stale=True) if self._stale(state) else state
+
+    def live_text(self) -> str | None:
+        """The latest raw scrape while the engine series are exported, else None (for the rule engine's store)."""
+        return None if self._stale(self.state) else self.latest_text
 
     async def _serving_energy(self) -> dict[str, float | None]:
         """The serving GPUs' energy counters, read right after the scrape so both deltas share a window."""
@@ -179,6 +210,7 @@ class EngineWatch:
                 self._batch.observe(view.model, view.running)
         tpj = self._tokens_per_joule(views, energy)
         self.latest_text, self.latest_snapshot = text, snapshot
+        self._consecutive_failures = 0
         self.state = EngineState(
             self.upstream, snapshot, True, duration, tuple(sorted(self._failures.items())), self._parse_errors,
             time.time(), tpj, self._batch.histograms(),
@@ -296,6 +328,7 @@ def engine_watch_ctx(
     inflight: InFlightTokens | None = None,
     *,
     readiness: Callable[[], bool | None] | None = None,
+    readiness_lost: Callable[[], bool] | None = None,
     nvml_module: Any = None,
     measured_kv_usage: Callable[[], float | None] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -303,8 +336,8 @@ def engine_watch_ctx(
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         watch = EngineWatch(
-            settings, inflight, nvml_module=nvml_module, readiness=readiness, session_getter=session_getter,
-            measured_kv_usage=measured_kv_usage,
+            settings, inflight, nvml_module=nvml_module, readiness=readiness, readiness_lost=readiness_lost,
+            session_getter=session_getter, measured_kv_usage=measured_kv_usage,
         )
         watch.register(registry)
         app[ENGINE_WATCH] = watch

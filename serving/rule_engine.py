@@ -138,14 +138,16 @@ class RuleRunner:
             self._ingest_source("sidecar", _registry_samples(self.registry), now_ms)
         if self.latest_vllm_text is not None:
             text = self.latest_vllm_text()
-            if text:
-                try:
-                    samples = _text_samples(text)
-                except (ValueError, TypeError) as err:
-                    log.warning("rule engine: cannot parse the vLLM exposition: %s", err)
-                    self.metrics.failures.inc()
-                else:
-                    self._ingest_source("vllm", samples, now_ms)
+            if not text:  # none yet, or vLLM's series went stale (engine down): they end here, not freeze
+                self._ingest_source("vllm", [], now_ms)
+                return
+            try:
+                samples = _text_samples(text)
+            except (ValueError, TypeError) as err:
+                log.warning("rule engine: cannot parse the vLLM exposition: %s", err)
+                self.metrics.failures.inc()
+            else:
+                self._ingest_source("vllm", samples, now_ms)
 
     def step(self, now_ms: int | None = None) -> list[notify.Notification]:
         """One cycle: ingest, evaluate due groups, notify, save state. Never raises."""

@@ -4,6 +4,11 @@ The same names mean the same on every vLLM generation (V0, V1 ≤ 0.11, 0.3x): t
 generation's families onto one view and data-parallel engines are summed where a sum is meaningful.
 Every help text states the formula. "vLLM family" below means the family of
 ``exporters.catalog.vllm`` with that name (or its alias in older generations).
+
+Two kinds of series live here. The engine series (``inferwatch_engine_*``, ``inferwatch_kv_*``, and
+``inferwatch_gpu_tokens_per_joule`` of ``gpu.py``) are derived from the upstream's ``/metrics``:
+while it cannot be scraped they leave the exposition (``SCRAPE_STALE``). The scrape-health series
+(``inferwatch_upstream_scrape_*``) are the sidecar's own and are always exported.
 """
 
 from __future__ import annotations
@@ -211,12 +216,34 @@ SCRAPE_LAST_SUCCESS = MetricSpec(
     "Unix time of the last successful scrape of the upstream's /metrics.", ("upstream",), "seconds",
 )
 
-SPECS: tuple[MetricSpec, ...] = (
+SCRAPE_CONSECUTIVE_FAILURES = MetricSpec(
+    "inferwatch_upstream_scrape_consecutive_failures", G,
+    "Scrapes of the upstream's /metrics that failed in a row since the last one that succeeded (0 after a "
+    "success).", ("upstream",), "scrapes",
+)
+SCRAPE_STALE = MetricSpec(
+    "inferwatch_upstream_scrape_stale", G,
+    "1 while the engine series (inferwatch_engine_*, inferwatch_kv_*, inferwatch_gpu_tokens_per_joule) are "
+    "left out of /metrics, so that Prometheus marks them stale instead of a stopped engine looking busy: "
+    "after scrape.stale_after_failures failed scrapes in a row (see "
+    "inferwatch_upstream_scrape_consecutive_failures and _failures by reason), or while the last readiness "
+    "probe found the upstream not ready (inferwatch_upstream_ready 0, an answer or a refused connection, "
+    "not a timeout); else 0.", ("upstream",),
+)
+
+ENGINE_SERIES: tuple[MetricSpec, ...] = (
     ENGINE_INFO, ENGINE_REQUESTS, ENGINE_PREEMPTIONS, ENGINE_PREFILL_SECONDS, ENGINE_DECODE_SECONDS,
     ENGINE_PREFILL_SHARE, ENGINE_DECODE_SHARE, ENGINE_PREFIX_CACHE_HIT_RATIO, ENGINE_STEP_TOKENS,
     ENGINE_BATCH_REQUESTS, ENGINE_GENERATION_TOKENS, ENGINE_WAITING_BY_REASON, ENGINE_ADMISSION_REJECTIONS,
     KV_SWAP_BYTES, KV_SWAP_SECONDS, KV_SWAP_CPU_USAGE, KV_SWAP_ALLOCATION_FAILURES, KV_USAGE, KV_BLOCKS_TOTAL,
     KV_BLOCKS_USED, KV_BLOCK_SIZE, KV_CAPACITY_TOKENS, KV_INFLIGHT_TOKENS, KV_INFLIGHT_BLOCKS, KV_FRAGMENTATION,
-    SCRAPE_UP, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_PARSE_ERRORS, SCRAPE_UNKNOWN_FAMILIES,
-    SCRAPE_LAST_SUCCESS,
 )
+"""Derived from the upstream's /metrics: left out of the exposition while SCRAPE_STALE reads 1 (with
+gpu.GPU_TOKENS_PER_JOULE)."""
+SCRAPE_HEALTH: tuple[MetricSpec, ...] = (
+    SCRAPE_UP, SCRAPE_DURATION, SCRAPE_FAILURES, SCRAPE_PARSE_ERRORS, SCRAPE_UNKNOWN_FAMILIES,
+    SCRAPE_LAST_SUCCESS, SCRAPE_CONSECUTIVE_FAILURES, SCRAPE_STALE,
+)
+"""The sidecar's own view of its scrapes: always exported."""
+
+SPECS: tuple[MetricSpec, ...] = (*ENGINE_SERIES, *SCRAPE_HEALTH)

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -260,3 +261,169 @@ async def test_a_gpu_lost_mid_run_makes_tokens_per_joule_absent(
     assert value == (pytest.approx(expected) if expected is not None else None)
     assert watch.gpu is not None
     assert not watch.gpu.gpus[1].up
+
+
+class _Flaky:
+    """A vLLM /metrics the test makes slow (past the scrape timeout) or answer 503, one scrape at a time."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+
+    async def handle(self, _request: web.Request) -> web.Response:
+        """The captured exposition, late or refused as told."""
+        if self.mode == "slow":
+            await asyncio.sleep(1.0)
+        if self.mode == "down":
+            return web.Response(status=503)
+        return web.Response(text=CURRENT)
+
+
+def _exported(watch: EngineWatch) -> tuple[set[str], dict[str, float]]:
+    """The engine families with a sample on a fresh registry, and the scrape-health gauges' values."""
+    registry = CollectorRegistry()
+    watch.register(registry)
+    samples = [s for family in registry.collect() for s in family.samples]
+    engine = {n for spec in (*ce.ENGINE_SERIES, cg.GPU_TOKENS_PER_JOULE) for n in spec.sample_names()}
+    health = {s.name: s.value for s in samples
+              if s.name in (ce.SCRAPE_UP.series, ce.SCRAPE_CONSECUTIVE_FAILURES.series, ce.SCRAPE_STALE.series)}
+    return {s.name for s in samples} & engine, health
+
+
+async def test_one_slow_scrape_keeps_the_engine_series_the_nth_failure_in_a_row_drops_them(
+    aiohttp_server: Any,
+) -> None:
+    """With stale_after_failures 3: a slow scrape of a busy engine, or two failures in a row, leave the engine
+    series exported; the third failure in a row takes them out (stale 1); the next success brings them back."""
+    upstream = _Flaky()
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, upstream.handle), timeout_s=0.2,
+                                  stale_after_failures=3))
+    await watch.scrape_once()
+    live, health = _exported(watch)
+    assert ce.ENGINE_REQUESTS.series in live
+    assert ce.KV_USAGE.series in live
+    for mode in ("slow", "ok", "down", "slow", "ok"):  # never three failures in a row
+        upstream.mode = mode
+        await watch.scrape_once()
+        assert _exported(watch)[0] == live, mode
+    upstream.mode = "down"
+    for in_a_row in (1, 2):
+        await watch.scrape_once()
+        assert _exported(watch)[0] == live, in_a_row
+    await watch.scrape_once()
+    gone, health = _exported(watch)
+    assert gone == set()
+    assert health == {ce.SCRAPE_UP.series: 0.0, ce.SCRAPE_CONSECUTIVE_FAILURES.series: 3.0,
+                      ce.SCRAPE_STALE.series: 1.0}
+    assert watch.live_text() is None
+    upstream.mode = "ok"
+    await watch.scrape_once()
+    back, health = _exported(watch)
+    await watch.stop()
+    assert back == live
+    assert health == {ce.SCRAPE_UP.series: 1.0, ce.SCRAPE_CONSECUTIVE_FAILURES.series: 0.0,
+                      ce.SCRAPE_STALE.series: 0.0}
+    assert watch.live_text() == CURRENT
+
+
+async def test_lost_readiness_takes_the_engine_series_out_at_once(aiohttp_server: Any) -> None:
+    """A readiness probe that finds the upstream not ready drops the engine series before any scrape fails."""
+    lost = {"now": False}
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, _serve_current)),
+                        readiness_lost=lambda: lost["now"])
+    await watch.scrape_once()
+    live, _ = _exported(watch)
+    lost["now"] = True
+    gone, health = _exported(watch)
+    lost["now"] = False
+    back, _ = _exported(watch)
+    await watch.stop()
+    assert ce.ENGINE_REQUESTS.series in live
+    assert gone == set()
+    assert health[ce.SCRAPE_UP.series] == 1.0
+    assert health[ce.SCRAPE_STALE.series] == 1.0
+    assert back == live
+
+
+async def test_the_rule_engine_sees_the_engine_series_end_while_they_are_stale(aiohttp_server: Any) -> None:
+    """The embedded store ingests the sidecar's exposition and vLLM's text: once stale, an alert on the frozen
+    KV usage stops firing and vLLM's own series read as absent, as Prometheus would see them."""
+    from alert_rules.engine_config import EngineConfig
+    from exporters.catalog import vllm as cv
+    from serving.rule_engine import RuleRunner
+
+    upstream = _Flaky()
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, upstream.handle), stale_after_failures=1))
+    await watch.scrape_once()
+    registry = CollectorRegistry()
+    watch.register(registry)
+    rules = {"groups": [{"name": "engine", "interval": "1s", "rules": [
+        {"alert": "Busy", "expr": f"{ce.ENGINE_REQUESTS.series} > 0"}]}]}
+    runner = RuleRunner(EngineConfig(), rules, registry, watch.live_text, interval_s=1.0)
+    t0 = 1_700_000_000_000
+    runner.step(t0)
+    assert runner.firing.get("Busy")
+    assert runner.store.instant(cv.NUM_REQUESTS_RUNNING.series, [], t0, 300_000)
+    upstream.mode = "down"
+    await watch.scrape_once()
+    await watch.stop()
+    runner.step(t0 + 1_000)
+    assert not runner.firing.get("Busy")
+    assert runner.store.instant(ce.ENGINE_REQUESTS.series, [], t0 + 1_000, 300_000) == []
+    assert runner.store.instant(cv.NUM_REQUESTS_RUNNING.series, [], t0 + 1_000, 300_000) == []
+
+
+async def test_serve_drops_the_engine_series_while_vllm_answers_not_ready(aiohttp_server: Any, tmp_path: Path) -> None:
+    """Wired in the app: while /health answers 503 the scrape succeeds but the engine series are out (stale 1,
+    scrape_up 1); once /health answers 200 they are back."""
+    from serving.app import build_app
+    from tests.fakes.openai_upstream import FakeOpenAI
+    from tests.unit.serving.inprocess import wait_for
+
+    fake = FakeOpenAI(unhealthy_for=10**9, metrics_text=CURRENT)
+    upstream = f"http://127.0.0.1:{(await aiohttp_server(fake.app())).port}"
+    settings = replace(replace(_settings(upstream, interval_s=0.1), "serve", readiness_interval_s=0.1),
+                       "logs", dir=str(tmp_path))
+    registry = CollectorRegistry()
+    runner = web.AppRunner(build_app(settings, registry))
+    await runner.setup()
+    try:
+        def value(spec: Any) -> float | None:
+            return registry.get_sample_value(spec.series, {"upstream": upstream})
+
+        running = {"model_name": "tiny-llm", "state": "running"}
+        assert value(ce.SCRAPE_UP) == 1.0
+        assert value(ce.SCRAPE_STALE) == 1.0
+        assert registry.get_sample_value(ce.ENGINE_REQUESTS.series, running) is None
+        fake.unhealthy_for = 0
+        assert await wait_for(lambda: value(ce.SCRAPE_STALE) == 0.0)
+        assert registry.get_sample_value(ce.ENGINE_REQUESTS.series, running) == 2.0
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_readiness_probe_that_times_out_does_not_count_as_readiness_lost(aiohttp_server: Any) -> None:
+    """Readiness.lost follows answers (503 lost, 200 back) and refused connections; a slow probe changes nothing."""
+    from serving.endpoints import Readiness
+
+    mode = {"now": "ok"}
+
+    async def health(_request: web.Request) -> web.Response:
+        if mode["now"] == "slow":
+            await asyncio.sleep(1.0)
+        return web.Response(status=503 if mode["now"] == "down" else 200)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    server = await aiohttp_server(app)
+    async with aiohttp.ClientSession() as session:
+        readiness = Readiness(f"http://127.0.0.1:{server.port}", "/health", lambda: session, timeout_s=0.2)
+        seen = []
+        for now in ("ok", "slow", "down", "slow", "ok"):
+            mode["now"] = now
+            await readiness.probe()
+            seen.append((now, readiness.last_ok, readiness.lost))
+        refused = Readiness("http://127.0.0.1:9", "/health", lambda: session, timeout_s=0.2)
+        await refused.probe()
+    assert seen == [("ok", True, False), ("slow", False, False), ("down", False, True), ("slow", False, True),
+                    ("ok", True, False)]
+    assert refused.lost
