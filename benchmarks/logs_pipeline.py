@@ -241,8 +241,8 @@ def main() -> None:
     ing = ingest(lines)
     look = lookup(args.lookup_gb, records) if args.lookup_gb > 0 else ["- (skipped)"]
     body = "\n".join([
-        f"Measured {time.strftime('%Y-%m-%d')} at {revision()} on {machine()} (shared with other engineers' "
-        "work: absolute speeds vary ±30 % run to run, so ratios are taken within each run).",
+        f"Measured {time.strftime('%Y-%m-%d')} at {revision()} on {machine()} (a machine shared with other "
+        "work: ratios are taken within each run).",
         f"Command: `{COMMAND} --records {args.records} --lookup-gb {args.lookup_gb:g} --runs {args.runs}`. "
         "Records come from `benchmarks/logs_generate.py` (our lean schema: one trace_id, one span_id, times in "
         f"0.1 ms, {sum(len(x) for x in lines) / len(lines):.0f} B per record as JSON); archive format 2 with the "

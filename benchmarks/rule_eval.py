@@ -249,12 +249,7 @@ def main() -> int:
         f"| all store memory per stored sample (tracemalloc, series objects and indexes included) | "
         f"{stored / stats.samples:.2f} bytes |\n"
         f"| append, per sample (untimed part, {appended:,} samples) | {append_s / appended * 1e6:.2f} µs |\n\n"
-        "Where the time went: rate() over 5 m windows and the window copies it scanned for resets. The "
-        "store now notes counter resets as samples arrive, so rate/increase read first, last and the "
-        "resets of a window by bisection (no copy, no scan); aggregation keys are remembered per label "
-        "set; a subquery repeated across rules (the p99 latency histogram rate, the error ratios) is "
-        "evaluated once per evaluation. Results are unchanged bit for bit (`--digest` gives the same "
-        "hash as the evaluator before these changes, 73feacc). Run `--profile` for the current split.\n\n"
+        "Run `--profile` for where the time goes, `--digest` for a hash of the results.\n\n"
         f"Command: `.venv/bin/python benchmarks/rule_eval.py --series {args.series} --hours {args.hours:g} "
         f"--evaluations {args.evaluations} --write` at {revision()} on {machine()}.\n"
     )

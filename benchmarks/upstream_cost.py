@@ -161,17 +161,15 @@ def report(results: dict[tuple[str, str], dict[str, list[float]]], rounds: int, 
         "|---|---:|---|---:|---:|---:|---|",
         *rows,
         "",
-        "At the same rate the upstream wakes up alike on both paths. With the upstream on a core of its own "
-        "the ratio is the work the sidecar asks of it: " + "; ".join(verdicts["own core"]) + ". With every "
-        "process on every core, the sidecar's path has one more busy process sharing the upstream's cores: "
+        "With the upstream on a core of its own: " + "; ".join(verdicts["own core"]) + ". With every process on "
+        "every core (the sidecar's path has one more busy process on the upstream's cores): "
         + "; ".join(verdicts["shared"]) + ". At its defaults the sidecar sends the request it got with "
         "a traceparent header and `Accept-Encoding: identity` added, asks for the usage chunk a stream ends "
         "with and for nothing on each chunk, and makes no call of its own (`serve.exact_live_token_counts`, "
         "off by default, adds per-chunk usage and a `/tokenize` call per non-streamed request). The sidecar's "
         "calls of its own time (its scrape of the upstream's `/metrics` and its readiness probe, every 5 s by "
         "default) run through both paths' rounds, so they are in both figures. \"Proxy cost "
-        "against peers\" drives each path as fast as it goes, where the upstream's CPU per request rises "
-        "behind every proxy, with how much slower the proxy leaves it.",
+        "against peers\" drives each path as fast as it goes instead.",
     ])
 
 

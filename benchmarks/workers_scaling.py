@@ -169,9 +169,8 @@ def main() -> int:
         f"Command: {command} (revision {revision()}, {machine()}). nginx serves a 64-event SSE stream and a "
         "JSON answer from files, wrk requests them over 64 keep-alive connections, through sidecars with 1 and "
         "2 workers started side by side, alternating rounds, medians; CPU per request counts every process of "
-        "the sidecar. Both ends are C programs, so the sidecar is what limits the rate and a second worker has "
-        "a core to use (on 2 cores the ends still take part of it). Every process runs in the script's session "
-        "(with autogroup scheduling, a session of its own would make the workers share one group's CPU).",
+        "the sidecar. Both ends are C programs (the \"vs direct\" column: the sidecar's rate against nginx's "
+        "own). Every process runs in the script's session (one autogroup of the scheduler).",
         "",
         "| answer | workers | req/s | vs direct | vs 1 worker | sidecar CPU per request (µs) |",
         "|---|---|---:|---:|---:|---:|",

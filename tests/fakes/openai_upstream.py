@@ -1,4 +1,4 @@
-"""A fast in-process fake of vLLM's OpenAI API, for unit tests and the proxy benchmark.
+"""A fast in-process fake of vLLM's OpenAI API, for unit tests (and, as the faulty upstream's base, the soak).
 
 It streams ``max_tokens`` one-word chunks with no delay (or ``token_delay_s`` each), honours
 ``stream_options.include_usage`` and ``continuous_usage_stats`` the way vLLM does, and shows
