@@ -35,7 +35,8 @@ OpenAI-compatible server, vLLM directly or through `inferwatch serve`, and repor
 p50/p90/p99 of time to first token (streamed only), inter-token gaps and end-to-end latency,
 requests/s, output tokens/s (from usage), errors by status, and the trace ids of the slowest
 requests (returned by the sidecar in x-trace-id; look them up with `inferwatch logs search`).
-Load is either --concurrency C workers, each sending its next request when the last one ends,
+Load is either --concurrency C workers, each sending its next request when the last one ends
+(after a failed one, backing off exponentially from --retry-initial-ms with jitter; those count as retries),
 or --rate R requests/s started on a schedule whatever the latency (request i at i/R s, or
 Poisson arrivals with --arrivals poisson). A list (--concurrency 1,2,4,8) runs one step per
 value, each bounded by --step-duration and/or --requests.
@@ -154,6 +155,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     loadtest.add_argument("--max-in-flight", type=int, default=256, metavar="N",
                           help="With --rate: most requests in flight; later ones wait and count as late "
                           "(default 256).")
+    retry = loadtest.add_argument_group("after a failed request (closed loop; an open loop keeps its schedule)")
+    retry.add_argument("--retry-initial-ms", type=float, default=500.0, metavar="MS",
+                       help="A worker waits MS after a failed request before its next one, doubling with each "
+                       "failure in a row, plus up to 50 %% jitter, and at least the answer's Retry-After "
+                       "(default 500).")
+    retry.add_argument("--retry-max-ms", type=float, default=5000.0, metavar="MS",
+                       help="The doubling stops at MS (plus jitter) (default 5000).")
     report = loadtest.add_argument_group("the report")
     report.add_argument("--report", metavar="DIR", help="Write report.md, report.json and PNG plots into DIR.")
     report.add_argument("--metrics-url", metavar="URL",
@@ -228,6 +236,7 @@ def base_spec(args: argparse.Namespace, *, bounded: bool) -> LoadSpec:
         rate=None, stream=args.stream, chat=args.chat, prompt_tokens=args.prompt_tokens,
         max_tokens=args.max_tokens, ignore_eos=args.ignore_eos, timeout_s=args.timeout,
         max_in_flight=args.max_in_flight, arrivals=args.arrivals, seed=args.seed,
+        retry_initial_ms=args.retry_initial_ms, retry_max_ms=args.retry_max_ms,
     )
 
 

@@ -29,6 +29,9 @@ class RequestResult:
     ``sent_s``, ``due_s`` and ``lag_s`` are seconds after the start of the run (of the step for
     ``due_s``); ``asked_prompt_tokens`` is the calibrated prompt length, when the prompt was
     generated at one; ``prompt_tokens`` and ``completion_tokens`` are the answer's usage.
+    ``retry`` is how many failed requests of the same closed-loop worker came right before this
+    one (0: not a retry) and ``backoff_s`` the pause the worker took before sending it;
+    ``retry_after_s`` is a failed answer's ``Retry-After`` in seconds.
     """
 
     index: int
@@ -48,6 +51,9 @@ class RequestResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     trace_id: str | None = None
+    retry: int = 0
+    backoff_s: float = 0.0
+    retry_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,7 +73,7 @@ class RequestResult:
             "error": self.error, "detail": self.detail, "ttft_s": self.ttft_s, "itl_s": list(self.itl_s),
             "e2e_s": self.e2e_s, "asked_prompt_tokens": self.asked_prompt_tokens,
             "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-            "trace_id": self.trace_id,
+            "trace_id": self.trace_id, "retry": self.retry, "backoff_s": self.backoff_s,
         }
 
 
@@ -84,6 +90,7 @@ async def send_request(
             result.trace_id = response.headers.get(TRACE_HEADER)
             if response.status >= 400:
                 result.error = str(response.status)
+                result.retry_after_s = _seconds(response.headers.get("Retry-After"))
                 body = await read_at_most(response.content, ERROR_BODY_BYTES)
                 result.detail = _error_detail(body[:ERROR_BODY_BYTES])
             elif payload.get("stream"):
@@ -130,6 +137,15 @@ def _read_body(raw: bytes, result: RequestResult) -> None:
     if isinstance(usage, dict):
         result.prompt_tokens = usage.get("prompt_tokens")
         result.completion_tokens = usage.get("completion_tokens")
+
+
+def _seconds(header: str | None) -> float | None:
+    """A ``Retry-After`` given in seconds (an HTTP date is not followed: None)."""
+    try:
+        value = float(header) if header is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 <= value < 86_400 else None
 
 
 def _error_detail(raw: bytes) -> str:

@@ -36,7 +36,8 @@ def render(document: dict[str, Any]) -> str:
         f"started {started}, {document['wall_s']:.1f} s in all.", "",
         _options_line(document["options"]), "",
         "## Summary", "",
-        f"- {totals['sent']} requests sent, {totals['ok']} succeeded, {totals['failed']} failed; "
+        f"- {totals['sent']} requests sent ({totals['retries']} of them retries: sent after a failed request, "
+        f"once the worker had backed off), {totals['ok']} succeeded, {totals['failed']} failed; "
         f"{totals['prompt_tokens']} prompt and {totals['completion_tokens']} output tokens (usage of the answers).",
         f"- SLO (rules config): a request is good when it succeeds within {document['slo']['latency_s']:g} s; "
         f"a step meets the SLO when at least {document['slo']['objective']:.2%} of its requests are good.",
@@ -44,12 +45,13 @@ def render(document: dict[str, Any]) -> str:
         *(f"- Warning: {w}" for w in document["warnings"]), "",
     ]
     lines += _profile_lines(document)
-    lines += ["## Steps", "", "| step | pace | sent | ok | failed | req/s | output tok/s | goodput | SLO |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["## Steps", "", "| step | pace | sent | ok | failed | retries | req/s | output tok/s | goodput | SLO |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for step in document["steps"]:
         s, v = step["summary"], step["verdict"]
         lines.append(f"| {step['label']} | {step['pace']} | {s['requests']['sent']} | {s['requests']['ok']} | "
-                     f"{s['requests']['failed']} | {s['requests_per_s']:.2f} | {s['output_tokens_per_s']:.1f} | "
+                     f"{s['requests']['failed']} | {s['retries']} | {s['requests_per_s']:.2f} | "
+                     f"{s['output_tokens_per_s']:.1f} | "
                      f"{_share(v['goodput'])} | {'met' if v['meets_slo'] else 'missed'} |")
     lines += ["", *_latency_header(["step"])]
     lines += [f"| {step['label']} | " + " | ".join(_latency_cells(step["summary"])) + " |"

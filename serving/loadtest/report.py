@@ -94,6 +94,7 @@ def build_document(run: RunResult, context: ReportContext) -> dict[str, Any]:
         "steps": steps,
         "totals": {"sent": len(results), "ok": sum(1 for r in results if r.ok),
                    "failed": sum(1 for r in results if not r.ok),
+                   "retries": sum(1 for r in results if r.retry > 0),
                    "prompt_tokens": sum(r.prompt_tokens or 0 for r in results if r.ok),
                    "completion_tokens": sum(r.completion_tokens or 0 for r in results if r.ok),
                    "buckets": by_bucket(results)},

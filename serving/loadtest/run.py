@@ -1,8 +1,9 @@
 """One step of a load test: bounded by a count or a duration, paced closed-loop or open-loop.
 
-Closed loop: ``concurrency`` workers, each sending its next request when the last one ends (after
-a failed one, ``FAILURE_PAUSE_S`` later, so that an upstream that is down or refusing is not
-hammered in a tight loop).
+Closed loop: ``concurrency`` workers, each sending its next request when the last one ends; after
+a failed one the worker backs off (``backoff.Backoff``: exponential from ``retry_initial_ms`` with
+jitter, at least the answer's Retry-After), so that an upstream that is down or refusing is not
+hammered, and that next request counts as a retry.
 Open loop: request ``i`` leaves at its offset on an absolute schedule (``pacing``), at most
 ``max_in_flight`` at a time; one held back by that limit counts as late (``lag_s``).
 """
@@ -10,12 +11,14 @@ Open loop: request ``i`` leaves at its offset on an absolute schedule (``pacing`
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
 import aiohttp
 
+from serving.loadtest.backoff import Backoff
 from serving.loadtest.client import RequestResult, send_request
 from serving.loadtest.pacing import Clock, Sleep, Slot, fixed_offsets, poisson_offsets, scheduled_slots
 from serving.loadtest.progress import Progress
@@ -24,7 +27,6 @@ from serving.loadtest.spec import MAX_REQUESTS, LoadSpec, endpoint
 from serving.loadtest.stats import LoadReport, summarize
 
 OnProgress: TypeAlias = Callable[[Progress], None]
-FAILURE_PAUSE_S = 0.1
 
 
 def default_source(spec: LoadSpec) -> GeneratedSource:
@@ -87,7 +89,9 @@ async def run_load(
     limit = spec.concurrency if spec.concurrency is not None else spec.max_in_flight
     ticker = asyncio.create_task(_tick(tracker, on_progress, progress_every_s)) if on_progress else None
 
-    async def one(session: aiohttp.ClientSession, number: int, due_s: float, lag_s: float) -> bool:
+    async def one(
+        session: aiohttp.ClientSession, number: int, due_s: float, lag_s: float, retry: int = 0, backoff_s: float = 0.0,
+    ) -> RequestResult:
         index = first_index + number
         plan = source.plan(index)
         payload = build_payload(spec.model, plan, stream=spec.stream, ignore_eos=spec.ignore_eos)
@@ -101,9 +105,10 @@ async def run_load(
         result.due_s, result.lag_s, result.sent_s, result.step = due_s, lag_s, sent_s, step
         result.model, result.bucket, result.asked_prompt_tokens = payload["model"], plan.bucket, \
             plan.asked_prompt_tokens
+        result.retry, result.backoff_s = retry, backoff_s
         results.append(result)
         tracker.finished(result)
-        return result.ok
+        return result
 
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit)) as session:
@@ -129,28 +134,38 @@ def _offsets(spec: LoadSpec, recorded: Sequence[float] | None) -> Iterable[float
     return poisson_offsets(spec.rate, spec.seed) if spec.arrivals == "poisson" else fixed_offsets(spec.rate)
 
 
-One = Callable[[aiohttp.ClientSession, int, float, float], Awaitable[bool]]
-"""Sends request number ``n`` (due ``due_s``, ``lag_s`` late); True when it succeeded."""
+One = Callable[..., Awaitable[RequestResult]]
+"""Sends request number ``n`` (due ``due_s``, ``lag_s`` late; closed loop: the ``retry`` after failures in a row and
+the ``backoff_s`` paused before it) and returns what the client saw."""
 
 
 async def _closed_loop(
     spec: LoadSpec, session: aiohttp.ClientSession, one: One, clock: Clock, sleep: Sleep, start: float
 ) -> None:
-    """``concurrency`` workers, each sending its next request as soon as the previous one ends."""
+    """``concurrency`` workers, each sending its next request as soon as the previous one ends, or backing off
+    after a failed one (jitter seeded by ``spec.seed`` and the worker's number)."""
     issued = 0
     limit = spec.requests if spec.requests is not None else MAX_REQUESTS
 
-    async def worker() -> None:
+    async def worker(worker_number: int) -> None:
         nonlocal issued
+        backoff = Backoff(spec.retry_initial_ms / 1000, spec.retry_max_ms / 1000,
+                          random.Random(f"{spec.seed}:{worker_number}"))
+        pause_s = 0.0
         while issued < limit:
             now = clock() - start
             if spec.duration_s is not None and now >= spec.duration_s:
                 return
             number, issued = issued, issued + 1
-            if not await one(session, number, now, 0.0):
-                await sleep(FAILURE_PAUSE_S)
+            result = await one(session, number, now, 0.0, backoff.failures_in_a_row, pause_s)
+            if result.ok:
+                backoff.after_success()
+                pause_s = 0.0
+            else:
+                pause_s = backoff.after_failure(result.retry_after_s)
+                await sleep(pause_s)
 
-    await asyncio.gather(*(worker() for _ in range(spec.concurrency or 1)))
+    await asyncio.gather(*(worker(n) for n in range(spec.concurrency or 1)))
 
 
 async def _open_loop(

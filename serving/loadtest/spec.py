@@ -23,6 +23,8 @@ class LoadSpec:
     ``arrivals`` shapes an open-loop schedule: ``fixed`` sends request ``i`` at ``i / rate``
     seconds, ``poisson`` at the sum of ``i`` exponential gaps of mean ``1 / rate`` (seeded), and
     ``scheduled`` at offsets given with the run (a replay or a ramp; ``rate`` is then their mean rate).
+    In a closed loop a worker backs off after a failed request (``backoff.Backoff``: from
+    ``retry_initial_ms`` doubling up to ``retry_max_ms``, with jitter); an open loop keeps its schedule.
     """
 
     url: str
@@ -40,6 +42,8 @@ class LoadSpec:
     max_in_flight: int = 256
     arrivals: str = "fixed"
     seed: int = 0
+    retry_initial_ms: float = 500.0
+    retry_max_ms: float = 5000.0
 
     def validate(self) -> LoadSpec:
         """Return the spec when it is bounded and in range; raise ConfigError naming the option otherwise."""
@@ -60,6 +64,8 @@ class LoadSpec:
         check_range("--max-tokens", self.max_tokens, 1, MAX_TOKENS_LIMIT)
         check_range("--timeout", self.timeout_s, 0.0, MAX_DURATION_S, open_low=True)
         check_range("--max-in-flight", self.max_in_flight, 1, MAX_CONCURRENCY)
+        check_range("--retry-initial-ms", self.retry_initial_ms, 0.0, MAX_DURATION_S * 1000, open_low=True)
+        check_range("--retry-max-ms", self.retry_max_ms, self.retry_initial_ms, MAX_DURATION_S * 1000)
         if self.arrivals not in ARRIVALS:
             raise ConfigError("--arrivals", f"must be one of {', '.join(ARRIVALS)}", self.arrivals)
         return self

@@ -103,6 +103,10 @@ class LoadReport:
     slowest: list[Slow]
     trace_ids_missing: int
     max_start_lag_s: float
+    retries: int = 0
+    """Requests a closed-loop worker sent after a failed one (after backing off)."""
+    backoff_s: float = 0.0
+    """Seconds the workers spent backing off, summed."""
     results: tuple[RequestResult, ...] = field(default=(), repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +114,7 @@ class LoadReport:
         return {
             "url": self.url, "model": self.model, "mode": self.mode, "stream": self.stream,
             "requests": {"sent": self.sent, "ok": self.ok, "failed": self.failed},
+            "retries": self.retries, "backoff_s": self.backoff_s,
             "errors": dict(self.errors), "error_details": dict(self.error_details),
             "wall_s": self.wall_s, "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s,
@@ -152,5 +157,6 @@ def summarize(spec: LoadSpec, results: Sequence[RequestResult], wall_s: float) -
         slowest=[Slow(r.index, r.e2e_s or 0.0, r.status, r.error, r.trace_id) for r in timed[:SLOWEST_SHOWN]],
         trace_ids_missing=sum(1 for r in results if r.status is not None and not r.trace_id),
         max_start_lag_s=max((r.lag_s for r in results), default=0.0),
+        retries=sum(1 for r in results if r.retry > 0), backoff_s=sum(r.backoff_s for r in results),
         results=tuple(results),
     )

@@ -44,7 +44,9 @@ def format_report(spec: LoadSpec, report: LoadReport) -> str:
     lines = [
         f"target      {report.url} (model {report.model}, {'streamed' if report.stream else 'not streamed'})",
         f"load        up to {bound} {pace}",
-        f"requests    {report.sent} sent, {report.ok} ok, {report.failed} failed in {report.wall_s:.2f} s",
+        f"requests    {report.sent} sent, {report.ok} ok, {report.failed} failed in {report.wall_s:.2f} s"
+        + (f"; {report.retries} retries after a failure ({report.backoff_s:.1f} s backing off)"
+           if report.retries else ""),
         f"throughput  {report.requests_per_s:.2f} ok requests/s, {report.output_tokens_per_s:.1f} output tokens/s",
         f"tokens      {report.prompt_tokens} prompt, {report.completion_tokens} output"
         + (f" (per request: min {per_request.min:g}, max {per_request.max:g})" if per_request.count else ""),

@@ -275,8 +275,9 @@ def _tell(run: RunResult, embedded: dict[str, str], report: Path, prometheus: st
     results = run.results
     failed = [r for r in results if not r.ok]
     during = failed_during_restarts(results, run.cold_starts)
-    _say(f"load test: {len(results)} requests, {len(failed)} failed ({len(during)} of them while vLLM restarted: "
-         "a closed-loop client retries every 0.1 s)")
+    retries = sum(1 for r in results if r.retry > 0)
+    _say(f"load test: {len(results)} requests, {len(failed)} failed ({len(during)} of them while vLLM restarted); "
+         f"{retries} retries, each worker backing off exponentially from 500 ms after a failure")
     for event in run.cold_starts:
         _say(f"cold start: ready {event.ready_after_s or 0:.1f} s and first token "
              f"{event.first_token_after_s or 0:.1f} s after the restart; {event.failed_requests} requests failed")
