@@ -36,11 +36,20 @@ vllm-venv:
 
 setup: venv servers vllm-venv
 
+# The unit tests mostly wait on sockets and timers, so they run in 4 workers (pytest-xdist); the
+# integration tests share real servers started once per session, so they run in one process.
+# Both halves always run; the target fails if either failed. Exit 5 (nothing selected, e.g. a
+# PYTEST_ARGS='-k ...' that matches tests of one half only) is not a failure.
+UNIT_WORKERS ?= 4
+
 test: setup
-	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+	@unit=0; integration=0; \
+	$(PY) -m pytest -q -ra -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS) || unit=$$?; \
+	$(PY) -m pytest -q -ra tests/integration $(PYTEST_ARGS) || integration=$$?; \
+	for rc in $$unit $$integration; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done
 
 test-unit: venv
-	$(PY) -m pytest -q -ra tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -ra -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
