@@ -8,9 +8,11 @@ index) are reported through ``on_problem`` and never stop the read.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from log_pipeline import frames
@@ -24,6 +26,25 @@ Problem = Callable[[str], None]
 
 def _ignore(_message: str) -> None:
     return None
+
+
+def ts_ms(ts: object) -> int | None:
+    """Epoch milliseconds of a record's ``ts``, compared as a time, not as text; None when it is no time.
+
+    The sidecar's canonical ``YYYY-MM-DDTHH:MM:SS.mmmZ`` is read on the fast path; any other ISO 8601
+    time (records replayed by ``logs ingest`` from elsewhere: no fraction, microseconds, an offset)
+    is parsed in full, UTC unless it gives an offset, as ``--since`` and ``--until`` read theirs.
+    """
+    ms = frames.ts_to_ms(ts)
+    if ms is not None or not isinstance(ts, str):
+        return ms
+    try:
+        parsed = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return math.floor(parsed.timestamp() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +72,7 @@ class Filter:
             return False
         if self.since_ms is None and self.until_ms is None:
             return True
-        ms = frames.ts_to_ms(record.get("ts"))
+        ms = ts_ms(record.get("ts"))
         if ms is None:
             return False
         if self.since_ms is not None and ms < self.since_ms:

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from exporters.errors import ConfigError, InferwatchError
 
@@ -15,9 +16,21 @@ EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad 
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error is the error and a pointer to ``--help``, not the whole usage.
+
+    ``serve`` has a flag for every configuration key: its usage alone is some 150 lines, which
+    buried the one line that said what was wrong. Subcommand parsers are made of this class too.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print the problem and where the options are described; exit 2 (bad usage)."""
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
+
+
+def build_parser() -> Parser:
     """The top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="inferwatch",
         description="Observability and SLO alerting for vLLM: a measuring proxy, exporters, "
         "alert rules, dashboards and request logs.",

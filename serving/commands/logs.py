@@ -28,11 +28,16 @@ _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 INGEST_HELP = """Read request records as JSON lines on standard input, apply the pipeline's sampling
 (every error, every slow request, success_sample_ratio of the rest, keyed on trace_id) and write
-the kept ones to the archive in DIR. A malformed line is reported with its line number and
-skipped. Progress goes to stderr every 100,000 lines; a summary at the end."""
-SEARCH_HELP = """Print every archived record of one trace as JSON lines (exit 1 when there is none).
+the kept ones to the archive in DIR. Each line is one JSON object, archived as given: an error
+has an outcome other than "ok" or level "error"; a slow one has "slow": true or e2e_ms over
+--logs-slow-request-s; trace_id is 32 hex digits; ts an ISO 8601 time (UTC unless it has an
+offset), as the sidecar writes it: 2026-08-07T12:34:56.789Z. A malformed line is reported with
+its line number and skipped. Progress goes to stderr every 100,000 lines; a summary at the end."""
+SEARCH_HELP = """Print every archived record of one trace as JSON lines (exit 1 when there is none,
+2 when the id is not 32 hex digits).
 Finished segments are looked up through their trace_id index; open ones are scanned."""
-CAT_HELP = """Print archived records as JSON lines, oldest segment first, optionally filtered.
+CAT_HELP = """Print archived records as JSON lines, oldest segment first, optionally filtered
+(exit 1 when none matches).
 Times (--since, --until) are ISO 8601 (UTC unless an offset is given), Unix seconds, or an
 age such as 15m, 2h, 7d (that long before now)."""
 STATS_HELP = """Summarise an archive: segments, frames, records, bytes on disk and the compression
@@ -127,22 +132,27 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0 if finished else 1
 
 
+def trace_id(text: str) -> str:
+    """A trace id as the sidecar writes it: 32 hex digits, lower-cased (a malformed one is bad usage)."""
+    value = text.strip()
+    if not _HEX32.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a trace id: give its 32 hex digits, as in x-trace-id")
+    return value.lower()
+
+
 def _search(args: argparse.Namespace) -> int:
-    trace_id = args.trace_id.strip()
-    if _HEX32.fullmatch(trace_id):
-        trace_id = trace_id.lower()
-    if not trace_id:
-        raise ArchiveError(args.dir, "--trace-id must not be empty")
-    found = _print_records(_archive(args.dir).find(trace_id))
+    found = _print_records(_archive(args.dir).find(args.trace_id))
     if not found:
-        print(f"inferwatch: no record with trace_id {trace_id} in {args.dir}", file=sys.stderr)
+        print(f"inferwatch: no record with trace_id {args.trace_id} in {args.dir}", file=sys.stderr)
         return 1
     return 0
 
 
 def _cat(args: argparse.Namespace) -> int:
     where = Filter(args.since, args.until, args.level, args.outcome)
-    _print_records(_archive(args.dir).records(where))
+    if not _print_records(_archive(args.dir).records(where)):
+        print(f"inferwatch: no record in {args.dir} matches", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -205,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     search = commands.add_parser("search", help="Print every record of one trace_id.",
                                  description=SEARCH_HELP, formatter_class=raw)
     _add_dir(search)
-    search.add_argument("--trace-id", required=True, metavar="ID",
+    search.add_argument("--trace-id", required=True, metavar="ID", type=trace_id,
                         help="The trace id (32 hex digits, as in the x-trace-id header).")
     search.set_defaults(func=_guarded(_search))
 

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from exporters.errors import ConfigError
-
 _FIELDS = (
     ("generation", "generation"), ("models", "models"), ("engines", "engines"), ("running", "running"),
     ("waiting", "waiting"), ("swapped", "swapped"), ("preemptions", "preemptions"),
@@ -35,13 +33,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     derive.set_defaults(func=_derive)
 
 
-def _read(name: str) -> str:
+def _read(name: str) -> str | None:
+    """The text of FILE ('-': stdin); None, with the file and the problem on stderr, when it cannot be read."""
     if name == "-":
         return sys.stdin.read()
     try:
         return Path(name).read_text(encoding="utf-8", errors="replace")
     except OSError as err:
-        raise ConfigError("FILE", f"cannot be read: {err.strerror or err}", name) from err
+        print(f"inferwatch: cannot read {name}: {err.strerror or err}", file=sys.stderr)
+        return None
 
 
 def _show(value: object) -> str:
@@ -60,7 +60,10 @@ def _derive(args: argparse.Namespace) -> int:
     from exporters.derive import normalized
     from exporters.vllm_parse import parse_exposition
 
-    view = normalized(parse_exposition(_read(args.file)))
+    text = _read(args.file)
+    if text is None:
+        return 2  # bad usage: the file given cannot be read
+    view = normalized(parse_exposition(text))
     if args.json:
         print(json.dumps(view, sort_keys=False))
     else:
