@@ -16,7 +16,7 @@ from exporters.errors import ConfigError
 from serving.config import settings_from_args
 from serving.loadtest.calibrate import Calibration
 from serving.loadtest.capacity import DEFAULT_HEADROOM_PER_100_RPM, SloTarget
-from serving.loadtest.coldstart import failed_during_restarts, shell_restart
+from serving.loadtest.coldstart import shell_restart, unexpected_failures
 from serving.loadtest.prepare import LoadOptions, prepare
 from serving.loadtest.progress import ProgressPrinter
 from serving.loadtest.ramp import RampResult, RampSpec, ramp_up
@@ -273,8 +273,7 @@ def run_loadtest(args: argparse.Namespace) -> int:
         document = build_document(run, context)
         written = write_report(Path(args.report), document)
         say(f"report written: {', '.join(str(p) for p in written)}")
-    expected = failed_during_restarts(run.results, run.cold_starts)
-    unexpected = [r for r in run.results if not r.ok and r.index not in expected]
+    unexpected = unexpected_failures(run.results, run.cold_starts)
     if args.json:
         print(json.dumps(_json_of(run, document)))
     else:

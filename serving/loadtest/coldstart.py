@@ -68,11 +68,18 @@ class ColdStart:
     ready_s: float | None = None
     first_token_s: float | None = None
     error: str = ""
-    failed_requests: int = 0
+    failed_indexes: tuple[int, ...] = ()
+    """The failed requests that overlapped this restart (``restart_failures``): the report's column and the
+    requests the exit code excuses are this one set."""
     p99_before_s: float | None = None
     p99_after_s: float | None = None
     requests_before: int = 0
     requests_after: int = 0
+
+    @property
+    def failed_requests(self) -> int:
+        """How many requests failed because of this restart."""
+        return len(self.failed_indexes)
 
     @property
     def ready_after_s(self) -> float | None:
@@ -88,8 +95,8 @@ class ColdStart:
         """JSON-ready."""
         names = ("number", "restart_s", "command_done_s", "down_s", "ready_s", "first_token_s", "error",
                  "failed_requests", "p99_before_s", "p99_after_s", "requests_before", "requests_after")
-        return {**{n: getattr(self, n) for n in names}, "ready_after_s": self.ready_after_s,
-                "first_token_after_s": self.first_token_after_s}
+        return {**{n: getattr(self, n) for n in names}, "failed_request_indexes": list(self.failed_indexes),
+                "ready_after_s": self.ready_after_s, "first_token_after_s": self.first_token_after_s}
 
 
 def restart_offsets(count: int, total_s: float) -> list[float]:
@@ -154,7 +161,7 @@ async def cold_start(
 
 
 def measure_shock(event: ColdStart, results: Sequence[RequestResult], window_s: float) -> None:
-    """Fill in the p99 latency before and after a restart and the requests that failed during it."""
+    """Fill in the p99 latency before and after a restart and the requests that failed because of it."""
     before = [r.e2e_s for r in results if r.ok and r.e2e_s is not None
               and event.restart_s - window_s <= r.sent_s < event.restart_s]
     end = event.ready_s if event.ready_s is not None else float("inf")
@@ -162,16 +169,23 @@ def measure_shock(event: ColdStart, results: Sequence[RequestResult], window_s: 
     event.requests_before, event.requests_after = len(before), len(after)
     event.p99_before_s = Distribution.of(before).p99
     event.p99_after_s = Distribution.of(after).p99
-    event.failed_requests = sum(1 for r in results if not r.ok and event.restart_s <= r.sent_s < end)
+    event.failed_indexes = restart_failures(results, event)
 
 
-def failed_during_restarts(results: Sequence[RequestResult], events: Sequence[ColdStart]) -> set[int]:
-    """Indexes of the failed requests that overlapped a restart (expected failures).
+def restart_failures(results: Sequence[RequestResult], event: ColdStart) -> tuple[int, ...]:
+    """Indexes of the failed requests that overlapped the restart (expected failures), in order.
 
     A request overlaps when it was still running as the restart began (sent before it, ended
-    after it: the restart killed it) or was sent before the upstream was ready again.
+    after it: the restart killed it) or was sent after it and before the upstream was ready again.
     """
-    return {r.index for r in results if not r.ok for e in events
-            if r.sent_s + (r.e2e_s or 0.0) >= e.restart_s
-            and r.sent_s < (e.ready_s if e.ready_s is not None else float("inf"))}
+    ready = event.ready_s if event.ready_s is not None else float("inf")
+    return tuple(sorted(r.index for r in results if not r.ok
+                        and r.sent_s + (r.e2e_s or 0.0) >= event.restart_s and r.sent_s < ready))
+
+
+def unexpected_failures(results: Sequence[RequestResult], events: Sequence[ColdStart]) -> list[RequestResult]:
+    """The failed requests that no restart explains (``ColdStart.failed_indexes`` of each, after
+    ``measure_shock``): they make the load test's exit code 1."""
+    expected = {index for event in events for index in event.failed_indexes}
+    return [r for r in results if not r.ok and r.index not in expected]
 

@@ -137,8 +137,9 @@ def _cold_start_lines(document: dict[str, Any]) -> list[str]:
                      f"{seconds(e['first_token_after_s'])} | {e['failed_requests']} | {_ms(e['p99_before_s'])} "
                      f"({e['requests_before']}) | {_ms(e['p99_after_s'])} ({e['requests_after']}) | "
                      f"{e['error'] or ''} |")
-    return [*lines, "", "p99 before/after: successful requests sent in the window before the restart and after "
-            "ready (their count in brackets).", ""]
+    return [*lines, "", "Failed requests: those still running when the restart began or sent before ready; "
+            "they are the failures the exit code excuses. p99 before/after: successful requests sent in the "
+            "window before the restart and after ready (their count in brackets).", ""]
 
 
 def _timeline_line(document: dict[str, Any]) -> str:

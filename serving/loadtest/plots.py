@@ -12,6 +12,7 @@ colours in an image are its series.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,13 +143,13 @@ def timeline(document: dict[str, Any], directory: Path) -> Plot:
         (panels[2], "kv_usage", "KV-cache usage"), (panels[3], "preemptions", "preemptions since start"),
     )
     for axes, field_name, label in lines:
-        xy = [(s["t_s"], s[field_name]) for s in samples if s[field_name] is not None]
+        xy = [(s["t_s"], s[field_name]) for s in samples]
         color = next(colors)
-        if not xy:
+        if all(value is None for _, value in xy):
             continue
         if field_name == "preemptions":
             xy = increase(xy)
-        axes.plot([p[0] for p in xy], [p[1] for p in xy], linewidth=2, color=color, label=label)
+        axes.plot([p[0] for p in xy], with_gaps([p[1] for p in xy]), linewidth=2, color=color, label=label)
         series.append(label)
     panels[1].set_ylabel("requests")
     panels[2].set_ylabel("KV usage (0-1)")
@@ -167,10 +168,20 @@ def timeline(document: dict[str, Any], directory: Path) -> Plot:
     return Plot("timeline.png", "The run over time", tuple(series))
 
 
-def increase(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """A counter's increase since its first point; a drop is a restart (the counter began again at 0)."""
+def with_gaps(values: list[float | None]) -> list[float]:
+    """Missing values (a failed scrape, stale engine series) as NaN, where matplotlib breaks the line."""
+    return [math.nan if value is None else value for value in values]
+
+
+def increase(points: list[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
+    """A counter's increase since its first point; a drop is a restart (the counter began again at 0).
+
+    A missing value stays missing (a gap); the increase goes on from the last known value after it."""
     total, previous, out = 0.0, None, []
     for t_s, value in points:
+        if value is None:
+            out.append((t_s, None))
+            continue
         if previous is not None:
             total += value - previous if value >= previous else value
         previous = value

@@ -20,7 +20,8 @@ def format_run(run: RunResult) -> str:
         note = f" ({event.error})" if event.error else ""
         parts.append(f"cold start {event.number}: restart at {event.restart_s:.1f} s, ready after "
                      f"{s(event.ready_after_s)}, first token after {s(event.first_token_after_s)}, "
-                     f"{event.failed_requests} requests failed meanwhile{note}")
+                     f"{event.failed_requests} requests failed by it (running at the restart or sent before "
+                     f"ready){note}")
     return "\n\n".join(parts)
 
 

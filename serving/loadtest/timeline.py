@@ -4,7 +4,9 @@ The target's ``/metrics`` (or ``--metrics-url``) is read on a fixed interval. vL
 exposition goes through the exporters' parser and normalization (``parse_exposition``,
 ``normalized``: every vLLM generation, engines summed); the sidecar's goes through its catalog
 families, which also carry the GPU power and temperature when the sidecar has NVML. Nothing is
-turned into a zero: a value the exposition does not give stays None.
+turned into a zero: a value the exposition does not give stays None, and so does every value of a
+scrape that failed (vLLM restarting) or of a sidecar whose engine series went stale: the timeline
+keeps that sample as a gap, and the plot breaks its lines there instead of drawing a flat one.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class TimelineSample:
 
 @dataclass(slots=True)
 class Timeline:
-    """Every scrape of one run, plus how many failed."""
+    """Every scrape of one run (a failed one as a sample without values), plus how many failed."""
 
     url: str
     interval_s: float
@@ -141,5 +143,6 @@ async def record(
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             timeline.failures += 1
             timeline.last_failure = f"{type(err).__name__}: {err}"
+            timeline.samples.append(TimelineSample(taken, EngineReading("none")))
         ticks += 1
         await sleep(max(0.0, origin + ticks * timeline.interval_s - clock()))

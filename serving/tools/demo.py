@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from serving import config as cfg
-from serving.loadtest.coldstart import Probe, failed_during_restarts
+from serving.loadtest.coldstart import Probe
 from serving.loadtest.drill import watch_alerts
 from serving.loadtest.prepare import LoadOptions, prepare
 from serving.loadtest.progress import ProgressPrinter
@@ -274,9 +274,9 @@ def _tell(run: RunResult, embedded: dict[str, str], report: Path, prometheus: st
     """Print what the load test showed: alerts, the report, the slowest request and its log record."""
     results = run.results
     failed = [r for r in results if not r.ok]
-    during = failed_during_restarts(results, run.cold_starts)
+    during = sum(event.failed_requests for event in run.cold_starts)
     retries = sum(1 for r in results if r.retry > 0)
-    _say(f"load test: {len(results)} requests, {len(failed)} failed ({len(during)} of them while vLLM restarted); "
+    _say(f"load test: {len(results)} requests, {len(failed)} failed ({during} of them because vLLM restarted); "
          f"{retries} retries, each worker backing off exponentially from 500 ms after a failure")
     for event in run.cold_starts:
         _say(f"cold start: ready {event.ready_after_s or 0:.1f} s and first token "

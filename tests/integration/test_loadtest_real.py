@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -23,21 +25,28 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import vllm as cv
 from serving import cli
-from serving.loadtest.coldstart import Probe, failed_during_restarts, shell_restart
+from serving.loadtest.capacity import SloTarget
+from serving.loadtest.coldstart import Probe, shell_restart, unexpected_failures
 from serving.loadtest.drill import DrillSpec, kill_drill
 from serving.loadtest.errors import LoadTestError
 from serving.loadtest.plots import PALETTE
 from serving.loadtest.prepare import LoadOptions, prepare
+from serving.loadtest.report import ReportContext, build_document
 from serving.loadtest.spec import LoadSpec
 from serving.loadtest.steps import ColdStartPlan, run_steps
+from serving.loadtest.table import format_run
 from tests.conftest import require
 from tests.harness import servers
+from tests.harness.engine_series import EngineSeriesReading, live, poll_until
 
 pytestmark = pytest.mark.real_server
 
 MODEL = "tiny-llm"
 MIX = {32: 5, 256: 3, 1024: 2, 3000: 1}
 ENGINE_CORE = "VLLM::EngineCore"
+READY_SLACK_S = 2.0
+"""The sidecar's readiness probe (every 1 s) may find the restarted vLLM ready before the restart helper's own
+health poll returns."""
 
 
 def _counters(server: servers.VllmServer) -> dict[str, float]:
@@ -144,9 +153,11 @@ def _engine_core(server: servers.VllmServer) -> psutil.Process:
 
 
 @pytest.mark.slow
-def test_a_cold_start_is_measured_on_a_real_restart(vllm_server: servers.VllmServer) -> None:
-    """Restart in the middle of a run: vLLM is seen down, then ready, then answers; every failed request
-    fell inside the restart, and the new engine finished the requests sent after ready."""
+def test_a_cold_start_is_measured_on_a_real_restart(vllm_server: servers.VllmServer, record_property: Any) -> None:
+    """Restart in the middle of a run: vLLM is seen down, then ready, then answers; by the client's own record
+    every failed request was running at the restart or sent before ready, and the report's failed requests
+    (table, JSON) are exactly those; the timeline has a gap while vLLM is down; the new engine finished the
+    requests sent after ready."""
     vllm_server.wait_idle()
     old_pid = vllm_server.pid
 
@@ -158,7 +169,8 @@ def test_a_cold_start_is_measured_on_a_real_restart(vllm_server: servers.VllmSer
                         ignore_eos=True, timeout_s=30.0)
         plan, _ = await prepare(LoadOptions(base=base), say=lambda _: None)
         probe = Probe(vllm_server.base_url + "/health", vllm_server.base_url + "/v1/completions", MODEL)
-        return await run_steps(replace(plan, cold_starts=ColdStartPlan(1, restart, probe, 8.0)))
+        return await run_steps(replace(plan, cold_starts=ColdStartPlan(1, restart, probe, 8.0),
+                                       metrics_url=vllm_server.base_url + "/metrics", scrape_interval_s=0.5))
 
     result = asyncio.run(run())
     (event,) = result.cold_starts
@@ -171,8 +183,25 @@ def test_a_cold_start_is_measured_on_a_real_restart(vllm_server: servers.VllmSer
     assert event.requests_before > 0
     assert event.p99_before_s is not None
     failed = [r for r in result.results if not r.ok]
+    record_property("drill_cold_start_failed_requests", len(failed))
+    record_property("drill_cold_start_retries", sum(1 for r in result.results if r.retry > 0))
+    record_property("drill_cold_start_restart_to_ready_s", round(event.ready_s - event.restart_s, 1))
     assert failed
-    assert {r.index for r in failed} == failed_during_restarts(result.results, result.cold_starts)
+    for r in failed:  # the client's record: when each failed request was sent and when its answer ended
+        assert r.e2e_s is not None
+        assert r.sent_s + r.e2e_s >= event.restart_s, f"failed before the restart: {r.to_dict()}"
+        assert r.sent_s < event.ready_s, f"sent after ready and failed: {r.to_dict()}"
+    assert any(r.sent_s < event.restart_s for r in failed), \
+        "no request was running when vLLM stopped (the restart SIGTERMs vLLM's process group, engine included)"
+    document = build_document(result, ReportContext(SloTarget(30.0, 0.5)))
+    assert document["cold_starts"][0]["failed_request_indexes"] == sorted(r.index for r in failed)
+    assert f"{len(failed)} requests failed by it" in format_run(result)
+    assert unexpected_failures(result.results, result.cold_starts) == []
+    assert result.timeline is not None
+    down = [s for s in result.timeline.samples if event.down_s + 1.0 <= s.t_s <= event.ready_s - 1.0]
+    assert down, "no timeline sample while vLLM was down"
+    assert all(s.reading.running is None and s.reading.kv_usage is None for s in down), down
+    assert any(s.reading.running is not None for s in result.timeline.samples if s.t_s > event.ready_s)
     after_ready = [r for r in result.results if r.ok and r.sent_s >= event.ready_s]
     finished = _counters(vllm_server)[cv.REQUEST_SUCCESS.series]
     assert finished >= len(after_ready) + 1  # the new engine's own count: our requests after ready and the probe
@@ -192,21 +221,45 @@ def _watching_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterat
 
 @pytest.mark.slow
 def test_the_kill_drill_recovers_and_the_sidecar_counts_the_restart(
-    vllm_server: servers.VllmServer, watching_sidecar: servers.SidecarServer
+    vllm_server: servers.VllmServer, watching_sidecar: servers.SidecarServer, record_property: Any
 ) -> None:
     """SIGKILL of the engine core under load through the sidecar: requests fail, vLLM comes back and answers,
-    and the sidecar counts the restart."""
+    and the sidecar counts the restart. Meanwhile its engine series leave /metrics (readiness lost; the scrape
+    health says so) and none comes back before vLLM does."""
     vllm_server.wait_idle()
     core = _engine_core(vllm_server)
     old_pid = vllm_server.pid
+    times: dict[str, float] = {}
 
-    async def restart() -> None:
+    async def restart() -> None:  # the drill calls it right after the SIGKILL
+        times["killed"] = time.monotonic()
         await asyncio.to_thread(vllm_server.restart)
+        times["back"] = time.monotonic()
 
     sidecar = watching_sidecar.base_url
+    assert poll_until(sidecar, live, 30) is not None, "the sidecar never exported vLLM's engine series"
+    readings: list[EngineSeriesReading] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=poll_until, args=(sidecar, lambda _: stop.is_set(), 600, readings), daemon=True)
+    watcher.start()
     spec = DrillSpec(sidecar, MODEL, restart, sidecar_url=sidecar, health_path="/readyz", concurrency=2,
                      max_tokens=16, before_s=4.0, after_s=8.0, timeout_s=30.0)
-    result = asyncio.run(kill_drill(spec, core, say=lambda _: None))
+    try:
+        result = asyncio.run(kill_drill(spec, core, say=lambda _: None))
+        back = poll_until(sidecar, live, 30)
+    finally:
+        stop.set()
+        watcher.join()
+    gone = next((r for r in readings if r.at >= times["killed"] and not r.engine), None)
+    assert gone is not None, "the engine series stayed on /metrics while vLLM was down"
+    record_property("drill_kill_to_engine_series_gone_s", round(gone.at - times["killed"], 2))
+    assert gone.stale == 1.0, gone
+    assert gone.ready == 0.0 or gone.scrape_up == 0.0, gone
+    assert "back" in times, result.to_dict()
+    early = [r for r in readings if gone.at <= r.at < times["back"] - READY_SLACK_S and r.engine]
+    assert early == [], f"engine series exported again while vLLM was still down: {early[:2]}"
+    assert back is not None, "the engine series did not come back within 30 s of the drill's end"
+    record_property("drill_vllm_healthy_to_engine_series_back_s", round(back.at - times["back"], 2))
     assert vllm_server.pid != old_pid
     assert not core.is_running()
     assert result.recovered, result.to_dict()
