@@ -103,10 +103,11 @@ class ServeConfig:
         check=positive,
     )
     hmac_key_file: str = setting(
-        "", "File holding the shared key for HMAC-SHA256 request signatures; empty = no verification.",
+        "", "File holding the shared key for HMAC-SHA256 request signatures, at least 16 bytes (surrounding "
+        "whitespace stripped); empty = no verification.",
     )
     hmac_key_env: str = setting(
-        "", "Name of an environment variable holding the HMAC key (instead of hmac_key_file).",
+        "", "Name of an environment variable holding the HMAC key, at least 16 bytes (instead of hmac_key_file).",
     )
     hmac_window_s: float = setting(
         300.0, "Seconds a signed request's timestamp may be off the sidecar's clock (replay window).",
@@ -116,8 +117,8 @@ class ServeConfig:
         False, "Normalize prompt and message text to Unicode NFC before it reaches the tokenizer.",
     )
     admin_token_file: str = setting(
-        "", "File holding the bearer token of the admin endpoints (/admin/*) for non-loopback clients; "
-        "empty = admin endpoints answer loopback clients only.",
+        "", "File holding the bearer token of the admin endpoints (/admin/*) for non-loopback clients, at least "
+        "16 bytes (surrounding whitespace stripped); empty = admin endpoints answer loopback clients only.",
     )
     length_bucket_edges: list[int] = setting(
         [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing

@@ -97,7 +97,7 @@ ENGINE_WAITING_BY_REASON = MetricSpec(
 ENGINE_ADMISSION_REJECTIONS = MetricSpec(
     "inferwatch_engine_admission_rejections", C,
     "Requests vLLM itself refused with 503 because a queue limit was reached (--max-num-queued-reqs, "
-    "--max-num-queued-tokens): vllm:admission_rejections_total (0.33+), by reason. Those that came through the "
+    "--max-num-queued-tokens): vllm:admission_rejections_total (0.32+), by reason. Those that came through the "
     "sidecar are also in inferwatch_requests_total{outcome=\"overloaded\"}; the SLO counts each once.",
     ("model_name", "reason"), "requests",
 )
