@@ -232,7 +232,9 @@ measured here (below), the throughput it could take if every microsecond of it c
 
 Throughput with the plugin sending: **{ratio:.3f}x** of idle ({(ratio - 1) * 100:+.1f} %), the median of the \
 {len(ratios)} rounds' ratios (each round runs both servers back to back: {", ".join(f"{x:.2f}" for x in ratios)}). \
-The rounds of one server alone spread by {spread["with"] * 100:.1f} % (with the plugin) and \
+The two servers are two processes throughout: alternating rounds takes out the machine's drift over time, not a \
+difference between the two processes themselves. The rounds of one server alone spread by \
+{spread["with"] * 100:.1f} % (with the plugin) and \
 {spread["idle"] * 100:.1f} % (idle). The plugin received {datagrams} datagrams.
 
 The plugin's own work, timed inside vLLM's interpreter on vLLM's own stats classes (one `record()` call \
