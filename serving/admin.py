@@ -4,8 +4,9 @@ Everything the sidecar serves besides the proxied API, ``/metrics``, ``/healthz`
 lives in the ``/admin/`` sub-application (so the proxied requests never pass its middleware) and
 passes :func:`admin_guard`: a client on a loopback address is let in;
 any other needs ``Authorization: Bearer <token>`` with the token read from
-``serve.admin_token_file`` (compared in constant time). Without a token file, non-loopback
-clients get 403.
+``serve.admin_token_file`` (compared in constant time): without it or with a wrong one, 401
+(``unauthorized``, with ``WWW-Authenticate``). Without a token file no credential helps, so
+non-loopback clients get 403 (``forbidden``). Both are the sidecar's JSON error with a ``trace_id``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import psutil
 from aiohttp import web
 
-from serving.errors import error_body
+from serving.endpoints import error_response
 from serving.proxy import Proxy
 from serving.rule_engine import RULE_RUNNER
 from serving.signing import read_secret_file
@@ -58,10 +59,12 @@ def admin_guard(token: bytes | None) -> Callable[[web.Request, Handler], Awaitab
         scheme, _, value = offered.partition(" ")
         if token is not None and scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token):
             return await handler(request)
-        status, message = (401, "admin endpoints need 'Authorization: Bearer <serve.admin_token_file>'") \
-            if token is not None else (403, "admin endpoints answer loopback clients only (no serve.admin_token_file)")
-        return web.Response(body=error_body(message, "forbidden", status), status=status,
-                            content_type="application/json", headers={"Cache-Control": "no-store"})
+        if token is None:  # no credential can let a remote client in: refused, not unauthenticated
+            return error_response(request, 403, "admin endpoints answer loopback clients only "
+                                  "(no serve.admin_token_file)", "forbidden")
+        problem = "a wrong bearer token" if offered else "no 'Authorization: Bearer <serve.admin_token_file>'"
+        return error_response(request, 401, f"admin endpoints: {problem}", "unauthorized",
+                              headers={"WWW-Authenticate": 'Bearer realm="inferwatch admin"'})
 
     return guard
 

@@ -28,7 +28,7 @@ from log_pipeline.sink import RecordSink
 from serving.admin import ADMIN_MOUNT, admin_app, admin_guard, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
-from serving.endpoints import Readiness, healthz, metrics_handler
+from serving.endpoints import Readiness, healthz, json_errors, metrics_handler
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.exchange import aiohttp_handler
@@ -87,7 +87,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         ConfigError: the HMAC key or the admin token cannot be read.
     """
     admin_token = load_admin_token(settings.serve.admin_token_file)
-    app = web.Application(client_max_size=settings.serve.max_body_bytes)
+    app = web.Application(client_max_size=settings.serve.max_body_bytes, middlewares=[json_errors])
     registry = registry if registry is not None else CollectorRegistry()
     app[SETTINGS] = settings
     app[REGISTRY] = registry
@@ -196,7 +196,7 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
         ConfigError: the HMAC key or the admin token cannot be read.
     """
     admin_token = load_admin_token(settings.serve.admin_token_file)
-    app = web.Application(client_max_size=settings.serve.max_body_bytes)
+    app = web.Application(client_max_size=settings.serve.max_body_bytes, middlewares=[json_errors])
     app[SETTINGS] = settings
     app[TRACING] = Tracing(settings.tracing.service_name, settings.tracing.otlp_endpoint)
     app[INFLIGHT] = InFlightTokens()

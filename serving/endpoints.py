@@ -1,15 +1,53 @@
-"""The sidecar's own endpoints: ``/metrics``, ``/healthz`` and ``/readyz``."""
+"""The sidecar's own endpoints: ``/metrics``, ``/healthz`` and ``/readyz``, and its own error answers.
+
+Outside the proxied ``/v1/*`` a refusal or an unknown path gets the proxy's error shape too
+(serving/errors.py): ``{"error": {"message", "type", "code", "trace_id"}}`` with the ``x-trace-id``
+header, never aiohttp's plain-text page.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
+
+from serving.errors import error_body, request_trace_id
+from serving.proxy import TRACE_HEADER
+
+_KINDS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+          413: "request_too_large"}
+
+
+def error_response(
+    request: web.BaseRequest, status: int, message: str, kind: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """The sidecar's own JSON error answer to a request outside the proxy, with its trace id."""
+    trace_id = request_trace_id(request.headers.get("traceparent"))
+    body = error_body(message, kind or _KINDS.get(status, "invalid_request_error"), status, trace_id=trace_id)
+    return web.Response(body=body, status=status, content_type="application/json",
+                        headers={TRACE_HEADER: trace_id, "Cache-Control": "no-store", **(headers or {})})
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own error answers (no such path, method not allowed, body too large) in the JSON shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        allowed = getattr(err, "allowed_methods", None)
+        headers = {"Allow": ",".join(sorted(allowed))} if allowed else None
+        message = f"{request.method} {request.path}: {err.reason}"
+        return error_response(request, err.status, message, headers=headers)
 
 
 def metrics_handler(registry: CollectorRegistry) -> web.Handler:

@@ -3,7 +3,8 @@
 Three shapes, one per moment a request can fail:
 
 - before anything was sent to the client, the sidecar's own refusal or failure
-  (:func:`error_body`, e.g. 413, 502, 503, 504);
+  (:func:`error_body`, e.g. 413, 502, 503, 504), on ``/v1/*`` and everywhere else (an admin
+  refusal, an unknown path: serving/endpoints.py), always with a ``trace_id``;
 - an upstream 4xx/5xx answer, rewritten so it always parses as JSON and names the trace id
   (:func:`upstream_error_body`; vLLM's own JSON errors keep every field they had);
 - after a stream has started, a final SSE event (:func:`sse_error_event`), since the status
@@ -13,12 +14,15 @@ Three shapes, one per moment a request can fail:
 from __future__ import annotations
 
 import html
+import os
 import re
 from typing import Any
 
 import orjson
 
 _TAGS = re.compile(rb"<[^>]*>")
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_INVALID_TRACE_ID = "0" * 32
 _SPACES = re.compile(rb"\s+")
 MAX_QUOTED_BODY = 300
 """Characters of a non-JSON upstream body quoted in the rewritten error message."""
@@ -27,6 +31,18 @@ MAX_QUOTED_BODY = 300
 def error_body(message: str, kind: str, status: int, **extra: Any) -> bytes:
     """An OpenAI-style JSON error body."""
     return orjson.dumps({"error": {"message": message, "type": kind, "code": status, **extra}})
+
+
+def request_trace_id(traceparent: str | None) -> str:
+    """The trace id of a request the proxy does not trace (an admin refusal, an unknown path).
+
+    The caller's W3C ``traceparent`` trace id when it sent a valid one, so the answer joins its
+    trace; else a new random one, so every error answer names a trace id as the proxy's do.
+    """
+    match = _TRACEPARENT.match(traceparent.strip().lower()) if traceparent else None
+    if match and match.group(1) != _INVALID_TRACE_ID:
+        return match.group(1)
+    return os.urandom(16).hex()
 
 
 def upstream_error_body(data: bytes, status: int, trace_id: str) -> tuple[bytes, str | None]:

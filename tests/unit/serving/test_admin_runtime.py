@@ -12,6 +12,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from serving import config as cfg
 from serving.app import PROXY, build_app
+from serving.endpoints import json_errors
 from tests.fakes.faulty_upstream import FaultyUpstream, ThreadedServer
 from tests.unit.serving.inprocess import READ_TIMEOUT_S, open_fds, send, start_sidecar, wait_for
 
@@ -64,7 +65,7 @@ async def test_runtime_is_guarded_like_every_admin_endpoint() -> None:
     match = await app.router.resolve(remote)
     assert match.http_exception is None  # the route exists
     (guard,) = match.apps[-1].middlewares  # the /admin sub-application's own middleware
-    assert not app.middlewares  # the proxied requests pass no admin middleware
+    assert list(app.middlewares) == [json_errors]  # the proxied requests pass no admin middleware
 
     async def handler(_request: web.Request) -> web.Response:
         return web.Response(text="reached")
