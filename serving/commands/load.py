@@ -14,6 +14,7 @@ import aiohttp
 
 from exporters.errors import ConfigError
 from serving.config import settings_from_args
+from serving.loadtest.backoff import INITIAL_MS, MAX_MS
 from serving.loadtest.calibrate import Calibration
 from serving.loadtest.capacity import DEFAULT_HEADROOM_PER_100_RPM, SloTarget
 from serving.loadtest.coldstart import shell_restart, unexpected_failures
@@ -156,11 +157,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                           help="With --rate: most requests in flight; later ones wait and count as late "
                           "(default 256).")
     retry = loadtest.add_argument_group("after a failed request (closed loop; an open loop keeps its schedule)")
-    retry.add_argument("--retry-initial-ms", type=float, default=500.0, metavar="MS",
+    retry.add_argument("--retry-initial-ms", type=float, default=INITIAL_MS, metavar="MS",
                        help="A worker waits MS after a failed request before its next one, doubling with each "
                        "failure in a row, plus up to 50 %% jitter, and at least the answer's Retry-After "
                        "(default 500).")
-    retry.add_argument("--retry-max-ms", type=float, default=5000.0, metavar="MS",
+    retry.add_argument("--retry-max-ms", type=float, default=MAX_MS, metavar="MS",
                        help="The doubling stops at MS (plus jitter) (default 5000).")
     report = loadtest.add_argument_group("the report")
     report.add_argument("--report", metavar="DIR", help="Write report.md, report.json and PNG plots into DIR.")

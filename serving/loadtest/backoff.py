@@ -11,6 +11,10 @@ from __future__ import annotations
 import random
 
 JITTER = 0.5
+INITIAL_MS = 500.0
+"""The first wait (``--retry-initial-ms``): the README asks clients to start at 500 ms or more."""
+MAX_MS = 5000.0
+"""Where the doubling stops (``--retry-max-ms``)."""
 
 
 class Backoff:

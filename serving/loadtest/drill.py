@@ -1,6 +1,7 @@
 """The kill drill: SIGKILL the engine under a steady load, restart it, and measure the recovery.
 
-A steady closed-loop load runs for ``before_s``; then the process (found by pid or by a pattern
+A steady closed-loop load runs for ``before_s`` (each worker backing off after a failed request as
+a load test's do: ``backoff.Backoff`` with the load test's defaults); then the process (found by pid or by a pattern
 matched against command lines) gets SIGKILL, the restart command runs, and readiness and the
 first token are measured as for a cold start; the load goes on for ``after_s`` after the first
 token. Beside the load, the sidecar (when there is one) is read every second: its
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import signal
 import time
@@ -27,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import process as cp
 from exporters.errors import ConfigError
+from serving.loadtest.backoff import INITIAL_MS, MAX_MS, Backoff
 from serving.loadtest.client import RequestResult, send_request
 from serving.loadtest.coldstart import ColdStart, Probe, Restart, cold_start
 from serving.loadtest.prompts import RequestPlan, build_payload, prompt_text
@@ -153,15 +156,24 @@ async def kill_drill(spec: DrillSpec, process: psutil.Process, *, say: Callable[
 
     async def worker(session: aiohttp.ClientSession, number: int) -> None:
         index = number
+        backoff = Backoff(INITIAL_MS / 1000, MAX_MS / 1000, random.Random(number))
+        pause_s = 0.0
         while not stop.is_set():
             plan = RequestPlan(prompt_text(spec.prompt_words, index), max_tokens=spec.max_tokens)
             sent = time.monotonic() - origin
             answer = await send_request(session, target, build_payload(spec.model, plan, stream=True,
                                                                        ignore_eos=True),
                                         timeout_s=spec.timeout_s, index=index)
-            answer.sent_s = sent
+            answer.sent_s, answer.retry, answer.backoff_s = sent, backoff.failures_in_a_row, pause_s
             result.results.append(answer)
             index += spec.concurrency
+            if answer.ok:
+                backoff.after_success()
+                pause_s = 0.0
+            else:
+                pause_s = backoff.after_failure(answer.retry_after_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), pause_s)
 
     async def kill_and_restart() -> None:
         say(f"SIGKILL pid {process.pid} ({result.command[:80]})")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from exporters.errors import ConfigError
+from serving.loadtest import backoff
 
 MAX_REQUESTS = 1_000_000
 MAX_DURATION_S = 86_400.0
@@ -42,8 +43,8 @@ class LoadSpec:
     max_in_flight: int = 256
     arrivals: str = "fixed"
     seed: int = 0
-    retry_initial_ms: float = 500.0
-    retry_max_ms: float = 5000.0
+    retry_initial_ms: float = backoff.INITIAL_MS
+    retry_max_ms: float = backoff.MAX_MS
 
     def validate(self) -> LoadSpec:
         """Return the spec when it is bounded and in range; raise ConfigError naming the option otherwise."""

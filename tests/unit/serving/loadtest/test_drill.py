@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import time
+from typing import Any
+
+import psutil
+from aiohttp import web
+
 from serving.commands.drill import format_drill
 from serving.loadtest.client import RequestResult
 from serving.loadtest.coldstart import ColdStart
-from serving.loadtest.drill import DrillResult
+from serving.loadtest.drill import DrillResult, DrillSpec, kill_drill
+from tests.fakes.openai_upstream import FakeOpenAI
 
 
 def _result(**changes: object) -> DrillResult:
@@ -41,3 +50,44 @@ def test_the_findings_as_lines() -> None:
     assert "readiness +1" in text
     assert "InferwatchUpstreamDown (firing)" in text
     assert text.endswith("verdict     recovered")
+
+
+async def test_the_drills_workers_back_off_while_the_engine_is_down(aiohttp_server: Any) -> None:
+    """While the restarted upstream answers 503 for 2.5 s, one worker sends at most 4 requests there (waits of
+    0.5, 1 and 2 s), not one every few milliseconds; each after a failure is numbered as a retry."""
+    fake = FakeOpenAI(model_name="m")
+    state = {"down": False}
+    during: list[float] = []
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        if state["down"]:
+            during.append(time.monotonic())
+            return web.json_response({"error": {"message": "restarting"}}, status=503)
+        return await fake.generate(request)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(status=503 if state["down"] else 200)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", generate)
+    app.router.add_get("/health", health)
+    server = await aiohttp_server(app)
+
+    async def restart() -> None:
+        state["down"] = True
+        await asyncio.sleep(2.5)
+        state["down"] = False
+
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        spec = DrillSpec(f"http://127.0.0.1:{server.port}", "m", restart, concurrency=1, max_tokens=2,
+                         before_s=0.2, after_s=0.2, timeout_s=10.0)
+        result = await kill_drill(spec, psutil.Process(victim.pid), say=lambda _: None)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert result.recovered, result.to_dict()
+    assert 1 <= len(during) <= 4, len(during)
+    failed = [r for r in result.results if not r.ok]
+    assert len(failed) == len(during)
+    assert [r.retry for r in failed] == list(range(len(failed)))  # the first failure, then its retries
