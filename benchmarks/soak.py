@@ -10,8 +10,15 @@ they were after the warm-up (the first 5,000 requests, then idle until the embed
 has evaluated three times) and its resident memory stays flat; every log record offered to the
 sink reaches the archive (every record is kept; the sidecar is stopped with SIGTERM to flush).
 
-    .venv/bin/python benchmarks/soak.py [--requests 50000] [--concurrency 32] [--fault-ratio 0.1]
-        [--max-seconds 480] [--warmup-evaluations 3] [--no-write]
+What grows with time is the rule engine's store: each series keeps its samples for the retention.
+``--retention-s`` and ``--evaluation-interval-s`` shorten both for the run and ``--duration-s`` runs the
+load that long, so that the store fills within the run; RSS is read under load every
+``--sample-every-s``, and the section gives the bound per series, the slope while the store fills and
+after, and the steady-state RSS (judged on the plateau when the run reaches it).
+
+    .venv/bin/python benchmarks/soak.py [--requests 50000 | --duration-s 240] [--concurrency 32]
+        [--fault-ratio 0.1] [--max-seconds 480] [--warmup-evaluations 3] [--retention-s 60]
+        [--evaluation-interval-s 1] [--sample-every-s 5] [--no-write]
 
 Writes the "## Soak" section of BENCHMARKS.md unless ``--no-write``; exits 1 when a goal is missed.
 """
@@ -20,15 +27,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing
 import random
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from array import array
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +51,9 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alert_rules.config import RulesConfig
-from benchmarks._common import machine, publish, revision
+from alert_rules.engine_config import EngineConfig
+from alert_rules.store import TRIM_SLACK
+from benchmarks._common import machine, percentile, publish, revision
 from exporters.catalog import pipeline as cat
 from exporters.catalog.request import REQUESTS
 from exporters.catalog.rules import RULE_EVALUATION_SECONDS, RULE_STORED_SERIES
@@ -106,19 +118,22 @@ class Spec:
         return f"{kind} {self.model} max_tokens={self.max_tokens} fault={self.fault or 'none'}"
 
 
-def plan(requests: int, fault_ratio: float, seed: int = SEED) -> list[Spec]:
-    """The request mix, drawn from a seeded generator."""
+def plan_stream(fault_ratio: float, seed: int = SEED) -> Iterator[Spec]:
+    """The request mix, drawn from a seeded generator, without end."""
     rng = random.Random(seed)
-    specs = []
-    for _ in range(requests):
+    while True:
         stream = rng.random() < 0.5
         fault = None
         if rng.random() < fault_ratio:
             pool = TIMEOUT_FAULTS if rng.random() < TIMEOUT_SHARE else FAST_FAULTS
             fault = rng.choice(pool[stream])
-        specs.append(Spec(rng.random() < 0.5, stream, rng.choice(MODELS), rng.choice(PROMPT_WORDS),
-                          rng.choice(MAX_TOKENS), fault))
-    return specs
+        yield Spec(rng.random() < 0.5, stream, rng.choice(MODELS), rng.choice(PROMPT_WORDS), rng.choice(MAX_TOKENS),
+                   fault)
+
+
+def plan(requests: int, fault_ratio: float, seed: int = SEED) -> list[Spec]:
+    """The first ``requests`` of :func:`plan_stream`."""
+    return list(itertools.islice(plan_stream(fault_ratio, seed), requests))
 
 
 def sse_events(body: bytes) -> list[Any]:
@@ -185,8 +200,11 @@ def tokens_in(body: bytes, spec: Spec) -> int:
 class Tally:
     """What the client saw."""
 
-    total: int
+    total: int | None
+    """Requests planned; None when the load runs for a time instead (``--duration-s``)."""
     sent: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    """Faults asked for, over the requests sent."""
     statuses: Counter[int] = field(default_factory=Counter)
     stream_ends: Counter[str] = field(default_factory=Counter)
     trace_ids: set[str] = field(default_factory=set)
@@ -218,6 +236,8 @@ class Tally:
 async def _one(session: aiohttp.ClientSession, spec: Spec, tally: Tally) -> None:
     path, body, headers = spec.request()
     tally.sent += 1
+    if spec.fault:
+        tally.faults[spec.fault] += 1
     try:
         async with session.post(path, data=body, headers=headers) as response:
             data = await response.read()
@@ -233,13 +253,13 @@ async def _progress(tally: Tally) -> None:
     while True:
         await asyncio.sleep(PROGRESS_EVERY_S)
         rate = (tally.answered - before) / (time.monotonic() - started)
-        print(f"soak: {tally.sent}/{tally.total} sent, {tally.answered} answered ({rate:.0f} req/s in this "
-              f"phase), {len(tally.malformed)} malformed, "
+        print(f"soak: {tally.sent}/{tally.total or 'until the deadline'} sent, {tally.answered} answered "
+              f"({rate:.0f} req/s in this phase), {len(tally.malformed)} malformed, "
               f"{len(tally.unanswered)} unanswered, {len(tally.clean_failed)} fault-free failed",
               file=sys.stderr, flush=True)
 
 
-async def _load(url: str, specs: Sequence[Spec], concurrency: int, deadline: float, tally: Tally) -> None:
+async def _load(url: str, specs: Iterable[Spec], concurrency: int, deadline: float, tally: Tally) -> None:
     """Send ``specs`` in a closed loop of ``concurrency`` workers until done or ``deadline`` (monotonic)."""
     connector = aiohttp.TCPConnector(limit=concurrency)
     pending = iter(specs)
@@ -255,7 +275,7 @@ async def _load(url: str, specs: Sequence[Spec], concurrency: int, deadline: flo
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _soak(url: str, specs: Sequence[Spec], concurrency: int, deadline: float, tally: Tally) -> None:
+async def _soak(url: str, specs: Iterable[Spec], concurrency: int, deadline: float, tally: Tally) -> None:
     ticker = asyncio.create_task(_progress(tally))
     try:
         await _load(url, specs, concurrency, deadline, tally)
@@ -263,7 +283,7 @@ async def _soak(url: str, specs: Sequence[Spec], concurrency: int, deadline: flo
         ticker.cancel()
 
 
-def _send(sidecar: SidecarServer, specs: Sequence[Spec], concurrency: int, deadline: float, tally: Tally) -> float:
+def _send(sidecar: SidecarServer, specs: Iterable[Spec], concurrency: int, deadline: float, tally: Tally) -> float:
     """Send ``specs`` (see :func:`_load`); the seconds it took."""
     started = time.monotonic()
     asyncio.run(_soak(sidecar.base_url, specs, concurrency, deadline, tally))
@@ -312,9 +332,9 @@ def _evaluations(sidecar: SidecarServer) -> int:
     return int(_scrape(sidecar).get((RULE_EVALUATION_SECONDS.count, ""), 0))
 
 
-def _await_evaluations(sidecar: SidecarServer, more: int) -> None:
-    """Wait (bounded) until the embedded rule engine has completed ``more`` evaluations."""
-    interval = RulesConfig().evaluation_interval_s
+def _await_evaluations(sidecar: SidecarServer, more: int, interval: float) -> None:
+    """Wait (bounded) until the embedded rule engine, evaluating every ``interval`` s, has completed ``more``
+    evaluations."""
     target = _evaluations(sidecar) + more
     give_up = time.monotonic() + (more + 1) * interval
     while (done := _evaluations(sidecar)) < target and time.monotonic() < give_up:
@@ -411,6 +431,143 @@ def _run_upstream(port: int) -> None:
                 handler_cancellation=True, shutdown_timeout=1)
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """The embedded rule engine's settings the run gives the sidecar (None: the sidecar's default)."""
+
+    retention_s: float | None = None
+    """Raw samples and recorded (and ALERTS) series alike: ``--rule-engine-retention-s`` and
+    ``--rule-engine-recorded-retention-s``."""
+    evaluation_interval_s: float | None = None
+    """``--rules-evaluation-interval-s``: one sample per series per evaluation."""
+
+    @property
+    def raw_retention(self) -> float:
+        return self.retention_s or EngineConfig().retention_s
+
+    @property
+    def recorded_retention(self) -> float:
+        return self.retention_s or EngineConfig().recorded_retention_s
+
+    @property
+    def interval(self) -> float:
+        return self.evaluation_interval_s or RulesConfig().evaluation_interval_s
+
+    def flags(self) -> list[str]:
+        """The sidecar's command-line flags for these settings."""
+        out = []
+        if self.retention_s is not None:
+            out += ["--rule-engine-retention-s", f"{self.retention_s:g}",
+                    "--rule-engine-recorded-retention-s", f"{self.retention_s:g}"]
+        if self.evaluation_interval_s is not None:
+            out += ["--rules-evaluation-interval-s", f"{self.evaluation_interval_s:g}"]
+        return out
+
+    def fill_s(self) -> float:
+        """Seconds after a series' first sample by which it holds the most samples it ever will."""
+        return max(self.raw_retention, self.recorded_retention) * (1 + TRIM_SLACK) + self.interval
+
+
+BYTES_PER_SAMPLE = array("q").itemsize + array("d").itemsize
+"""A stored sample's share of its series' buffers: an int64 time and a float64 value (alert_rules/store.py)."""
+
+
+def samples_bound(retention_s: float, interval_s: float) -> int:
+    """The most samples a series holds: a series is trimmed once its oldest sample is TRIM_SLACK of the retention
+    past it, and gets at most one sample per evaluation."""
+    return int(retention_s * (1 + TRIM_SLACK) / interval_s) + 1
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The sidecar process under load, read every ``--sample-every-s``."""
+
+    t_s: float
+    """Seconds since the sidecar was ready."""
+    requests: int
+    rss_bytes: int
+    stored_series: int
+
+
+class Timeline:
+    """A thread reading the sidecar's RSS (psutil) and its rule store's series (/metrics) at a fixed period."""
+
+    def __init__(self, sidecar: SidecarServer, tally: Tally, every_s: float) -> None:
+        self.readings: list[Reading] = []
+        self.started = time.monotonic()
+        self._sidecar, self._tally, self._every_s = sidecar, tally, every_s
+        self._stop = threading.Event()
+        self.quiet = threading.Lock()
+        """Held while a snapshot reads the sidecar at rest, so that no reading of this thread is in flight."""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def since_start(self) -> float:
+        return time.monotonic() - self.started
+
+    def _run(self) -> None:
+        proc = psutil.Process(self._sidecar.pid)
+        while not self._stop.wait(self._every_s):
+            with self.quiet:
+                self._read(proc)
+
+    def _read(self, proc: psutil.Process) -> None:
+        try:
+            series = int(_scrape(self._sidecar).get((RULE_STORED_SERIES.series, ""), 0))
+            self.readings.append(Reading(self.since_start(), self._tally.sent, proc.memory_info().rss, series))
+        except (OSError, psutil.Error) as err:  # a slow scrape under load: skip this reading
+            print(f"soak: timeline: reading skipped: {err!r}", file=sys.stderr, flush=True)
+
+    def stop(self) -> list[Reading]:
+        """Stop reading (idempotent); the readings so far."""
+        self._stop.set()
+        self._thread.join()
+        return self.readings
+
+
+def slope(points: Sequence[Reading]) -> float | None:
+    """RSS growth over ``points``, bytes per second (least squares); None for fewer than 3 points."""
+    if len(points) < 3:
+        return None
+    mean_t = sum(p.t_s for p in points) / len(points)
+    mean_r = sum(p.rss_bytes for p in points) / len(points)
+    var = sum((p.t_s - mean_t) ** 2 for p in points)
+    return sum((p.t_s - mean_t) * (p.rss_bytes - mean_r) for p in points) / var if var else None
+
+
+MIN_PLATEAU_READINGS = 6
+EDGE_READINGS = 3
+"""Readings whose median stands for the start and the end of the plateau."""
+
+
+@dataclass(frozen=True)
+class Growth:
+    """RSS under load, split at the time the rule store can first be full."""
+
+    warm_s: float
+    fill_s: float
+    """When the store can first hold all it ever will for the series present after the warm-up."""
+    filling: list[Reading]
+    full: list[Reading]
+
+    @classmethod
+    def split(cls, readings: Sequence[Reading], warm_s: float, store: StoreConfig) -> Growth:
+        fill_s = warm_s + store.fill_s()
+        return cls(warm_s, fill_s, [r for r in readings if warm_s <= r.t_s < fill_s],
+                   [r for r in readings if r.t_s >= fill_s])
+
+    @property
+    def plateau_reached(self) -> bool:
+        """Whether the run went on long enough past the fill to judge the plateau."""
+        return len(self.full) >= MIN_PLATEAU_READINGS
+
+    def edges(self) -> tuple[float, float]:
+        """RSS at the start and at the end of the plateau: medians of its first and last EDGE_READINGS readings."""
+        first = [float(r.rss_bytes) for r in self.full[:EDGE_READINGS]]
+        last = [float(r.rss_bytes) for r in self.full[-EDGE_READINGS:]]
+        return percentile(first, 0.5), percentile(last, 0.5)
+
+
 @dataclass
 class Result:
     """Everything one soak measured."""
@@ -423,65 +580,124 @@ class Result:
     bad_lines: list[str]
     seconds: float
     """Time spent sending (the snapshots between the phases not included)."""
+    timeline: list[Reading] = field(default_factory=list)
+    warm_s: float = 0.0
+    """When the warm-up ended (the "after warm-up" snapshot), seconds since the sidecar was ready."""
+    store: StoreConfig = field(default_factory=StoreConfig)
+    sample_every_s: float = 0.0
+
+    def growth(self) -> Growth:
+        return Growth.split(self.timeline, self.warm_s, self.store)
+
+
+SAMPLE_EVERY_S = 5.0
 
 
 def soak(requests: int, concurrency: int, fault_ratio: float, max_seconds: float,
-         warmup_evaluations: int = WARMUP_EVALUATIONS) -> Result:
-    """Start the upstream and the sidecar, send the plan in two phases (warm-up, the rest), read everything."""
+         warmup_evaluations: int = WARMUP_EVALUATIONS, *, duration_s: float | None = None,
+         store: StoreConfig | None = None, sample_every_s: float = SAMPLE_EVERY_S) -> Result:
+    """Start the upstream and the sidecar, send the plan in two phases (warm-up, the rest), read everything.
+
+    With ``duration_s``, the second phase runs that long on an endless plan instead of ``requests``."""
+    store = store or StoreConfig()
+    if duration_s is None:
+        specs: Iterator[Spec] = iter(plan(requests, fault_ratio))
+        total: int | None = requests
+        warmup = min(WARMUP_REQUESTS, requests // 10)
+    else:
+        specs, total, warmup = plan_stream(fault_ratio), None, WARMUP_REQUESTS
     with tempfile.TemporaryDirectory(prefix="inferwatch-soak-") as directory:
-        return _soak_in(Path(directory), plan(requests, fault_ratio), concurrency, max_seconds, warmup_evaluations)
+        return _soak_in(Path(directory), specs, total, warmup, concurrency, max_seconds, warmup_evaluations,
+                        duration_s, store, sample_every_s)
 
 
-def _soak_in(directory: Path, specs: list[Spec], concurrency: int, max_seconds: float,
-             warmup_evaluations: int) -> Result:
+def _soak_in(directory: Path, specs: Iterator[Spec], total: int | None, warmup: int, concurrency: int,
+             max_seconds: float, warmup_evaluations: int, duration_s: float | None, store: StoreConfig,
+             sample_every_s: float) -> Result:
     """:func:`soak` with its logs, archive and the sidecar's log in ``directory``."""
-    warmup = min(WARMUP_REQUESTS, len(specs) // 10)
     logs = directory / "logs"
     upstream_port = free_port()
     upstream = multiprocessing.Process(target=_run_upstream, args=(upstream_port,), daemon=True)
     upstream.start()
-    tally = Tally(len(specs))
+    tally = Tally(total)
     try:
         sidecar = start_sidecar(
             f"http://127.0.0.1:{upstream_port}", directory,
             ["--gpu-enabled", "false", "--logs-dir", str(logs), "--logs-success-sample-ratio", "1.0",
              "--serve-read-timeout-s", str(READ_TIMEOUT_S), "--serve-request-timeout-s", str(REQUEST_TIMEOUT_S),
-             "--serve-max-event-bytes", str(MAX_EVENT_BYTES)],
+             "--serve-max-event-bytes", str(MAX_EVENT_BYTES), *store.flags()],
             ready_path="/readyz")
+        timeline = Timeline(sidecar, tally, sample_every_s)
         try:
-            snapshots = [snapshot("start", sidecar, upstream_port, 0)]
+            with timeline.quiet:
+                snapshots = [snapshot("start", sidecar, upstream_port, 0)]
             deadline = time.monotonic() + max_seconds
-            seconds = _send(sidecar, specs[:warmup], concurrency, deadline, tally)
-            snapshots.append(snapshot(f"after the first {tally.sent:,} requests", sidecar, upstream_port, tally.sent))
-            _await_evaluations(sidecar, warmup_evaluations)
-            snapshots.append(snapshot(f"after warm-up (+{warmup_evaluations} rule-engine evaluations, idle)",
-                                      sidecar, upstream_port, tally.sent))
-            seconds += _send(sidecar, specs[warmup:], concurrency, deadline, tally)
+            seconds = _send(sidecar, itertools.islice(specs, warmup), concurrency, deadline, tally)
+            with timeline.quiet:
+                snapshots.append(snapshot(f"after the first {tally.sent:,} requests", sidecar, upstream_port,
+                                          tally.sent))
+            _await_evaluations(sidecar, warmup_evaluations, store.interval)
+            with timeline.quiet:
+                snapshots.append(snapshot(f"after warm-up (+{warmup_evaluations} rule-engine evaluations, idle)",
+                                          sidecar, upstream_port, tally.sent))
+            warm_s = timeline.since_start()
+            if duration_s is not None:
+                deadline = time.monotonic() + duration_s
+            seconds += _send(sidecar, specs, concurrency, deadline, tally)
+            readings = timeline.stop()
             snapshots.append(snapshot("end", sidecar, upstream_port, tally.sent))
             records = Records.read(sidecar)
         finally:
+            timeline.stop()
             sidecar.stop()
         assert sidecar.process.proc is not None
         records.count_archive(logs, tally.trace_ids)
         levels, bad_lines = _diagnostics(sidecar.process.log_path)
-        return Result(tally, snapshots, records, sidecar.process.proc.returncode, levels, bad_lines, seconds)
+        return Result(tally, snapshots, records, sidecar.process.proc.returncode, levels, bad_lines, seconds,
+                      readings, warm_s, store, sample_every_s)
     finally:
         upstream.terminate()
         upstream.join(10)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _per_min(rate: float | None) -> str:
+    return "—" if rate is None else f"{rate * 60 / 2**20:+.2f} MiB/min"
+
+
+def memory_goal(result: Result) -> tuple[str, bool]:
+    """Resident memory flat: across the plateau once the rule store has filled, or else from warm-up to the end."""
+    growth = result.growth()
+    if growth.plateau_reached:
+        first, last = growth.edges()
+        change = last / first - 1
+        return (f"resident memory flat once the rule engine's store has filled (from {growth.fill_s:.0f} s on, "
+                f"{len(growth.full)} readings under load): {change:+.2%} ({_mib(first)} -> {_mib(last)}, medians of "
+                f"the first and last {EDGE_READINGS} readings), slope {_per_min(slope(growth.full))}; "
+                f"goal under {RSS_GROWTH_GOAL:.0%}", change < RSS_GROWTH_GOAL)
+    warm, end = result.snapshots[-2], result.snapshots[-1]
+    change = end.rss_bytes / warm.rss_bytes - 1
+    return (f"resident memory growth after warm-up under {RSS_GROWTH_GOAL:.0%}: {change:+.2%} "
+            f"({_mib(warm.rss_bytes)} -> {_mib(end.rss_bytes)}); the run ended before the rule engine's store could "
+            f"fill ({growth.fill_s:.0f} s after the sidecar was ready), so this includes the store's growth",
+            change < RSS_GROWTH_GOAL)
 
 
 def goals(result: Result, concurrency: int) -> list[tuple[str, bool]]:
     """Each goal, in words with its measured figures, and whether it was met."""
     t, r = result.tally, result.records
     warm, end = result.snapshots[-2], result.snapshots[-1]
-    growth = end.rss_bytes / warm.rss_bytes - 1
     dropped = sum(r.dropped.values())
     lost = sum(r.lost.values())
     pool_bound = 2 * concurrency + 2
+    planned = "" if t.total is None else f" of {t.total:,} planned"
     return [
-        (f"every request answered, well-formed: {t.answered:,} of {t.total:,} answered, {t.sent:,} sent, "
+        (f"every request answered, well-formed: {t.answered:,} answered, {t.sent:,} sent{planned}, "
          f"{len(t.malformed)} malformed, {len(t.unanswered)} without an answer",
-         t.answered == t.total and not t.malformed),
+         t.answered == t.sent and (t.total is None or t.sent == t.total) and not t.malformed),
         (f"every fault-free request answered 200 with its tokens: {len(t.clean_failed)} not", not t.clean_failed),
         (f"the sidecar back at rest (no request in flight, no client connection) within {SETTLE_S:g} s of each "
          f"phase: {sum(s.settled for s in result.snapshots)} of {len(result.snapshots)} readings",
@@ -491,8 +707,7 @@ def goals(result: Result, concurrency: int) -> list[tuple[str, bool]]:
          f"{warm.other_fds} after warm-up; {end.upstream_connections} pooled upstream connections "
          f"(bound: 2 x concurrency + 2 = {pool_bound})",
          end.other_fds <= warm.other_fds and end.upstream_connections <= pool_bound),
-        (f"resident memory growth after warm-up under {RSS_GROWTH_GOAL:.0%}: {growth:+.2%} "
-         f"({warm.rss_bytes / 2**20:.1f} -> {end.rss_bytes / 2**20:.1f} MiB)", growth < RSS_GROWTH_GOAL),
+        memory_goal(result),
         (f"every log record offered is archived: {r.offered:,.0f} offered for {t.sent:,} requests sent, "
          f"{dropped:,.0f} dropped, {lost:,.0f} lost, {r.archived:,} archived, {r.missing_trace_ids} of the "
          f"client's trace ids not in the archive; sidecar exit status {result.exit_code} after SIGTERM",
@@ -509,23 +724,88 @@ def _counts(counter: Mapping[Any, float]) -> str:
         or "none"
 
 
+TIMELINE_ROWS = 16
+
+
+def store_lines(result: Result) -> list[str]:
+    """What grows with time: the rule store's bound per series, and RSS over time against it."""
+    store, growth, end = result.store, result.growth(), result.snapshots[-1]
+    raw, recorded = (samples_bound(retention, store.interval) for retention in (store.raw_retention,
+                                                                                 store.recorded_retention))
+    defaults = StoreConfig()
+    default_raw, default_recorded = (samples_bound(retention, defaults.interval) for retention in (
+        defaults.raw_retention, defaults.recorded_retention))
+    settings = " ".join(store.flags()) or "the defaults"
+    lines = [
+        f"The embedded rule engine's store holds, per series, the samples of the last `rule_engine.retention_s` "
+        f"(raw series) or `rule_engine.recorded_retention_s` (recorded and ALERTS series), one sample per evaluation, "
+        f"and trims a series once its oldest sample is {TRIM_SLACK:.1%} of the retention past it. In this run "
+        f"({settings}: retention {store.raw_retention:g} s raw, {store.recorded_retention:g} s recorded, an evaluation "
+        f"every {store.interval:g} s) that is at most {raw:,} samples per raw series and {recorded:,} per recorded "
+        f"one, {raw * BYTES_PER_SAMPLE:,} and {recorded * BYTES_PER_SAMPLE:,} bytes of sample buffers at "
+        f"{BYTES_PER_SAMPLE} bytes a sample (an int64 time and a float64 value); for the {end.stored_series:,} series "
+        f"in the store at the end, at most {_mib(end.stored_series * max(raw, recorded) * BYTES_PER_SAMPLE)} of sample "
+        f"buffers. At the defaults ({defaults.raw_retention:,.0f} s, {defaults.recorded_retention:,.0f} s, every "
+        f"{defaults.interval:g} s) "
+        f"the bound is {default_raw:,} samples ({default_raw * BYTES_PER_SAMPLE / 1024:,.1f} KiB) per raw series and "
+        f"{default_recorded:,} ({default_recorded * BYTES_PER_SAMPLE / 1024:,.1f} KiB) per recorded one, reached "
+        f"{defaults.raw_retention * (1 + TRIM_SLACK) / 3600:.1f} h and "
+        f"{defaults.recorded_retention * (1 + TRIM_SLACK) / 3600:.1f} h after a series first appears.",
+        "",
+    ]
+    if not result.timeline:
+        return lines
+    before, after = slope(growth.filling), slope(growth.full)
+    lines.append(
+        f"RSS under load, read every {result.sample_every_s:g} s "
+        f"({len(result.timeline)} readings): the warm-up ended {growth.warm_s:.0f} s after the sidecar was ready, so "
+        f"the store could be full from {growth.fill_s:.0f} s on. Slope while it filled: {_per_min(before)} "
+        f"({len(growth.filling)} readings); after: {_per_min(after)} ({len(growth.full)} readings).")
+    if before is not None and growth.filling:
+        series = percentile([float(r.stored_series) for r in growth.filling], 0.5)
+        if series:
+            per_sample = before * store.interval / series
+            lines[-1] += (f" While it filled, RSS grew by {per_sample:,.0f} bytes per sample the store took in "
+                          f"({series:,.0f} series, one sample each per {store.interval:g} s), against the "
+                          f"{BYTES_PER_SAMPLE} of a sample's buffers.")
+    if growth.plateau_reached:
+        steady = [float(r.rss_bytes) for r in growth.full]
+        lines[-1] += (f" Steady state: RSS {_mib(percentile(steady, 0.5))} (median of the {len(steady)} readings "
+                      f"after the fill; {_mib(min(steady))} to {_mib(max(steady))}).")
+    else:
+        lines[-1] += (f" The run ended with {len(growth.full)} readings after the fill, fewer than "
+                      f"{MIN_PLATEAU_READINGS}: it does not show the steady state (run longer than the retention, "
+                      "e.g. `--retention-s 60 --evaluation-interval-s 1 --duration-s 240`).")
+    step = max(1, -(-len(result.timeline) // TIMELINE_ROWS))
+    shown = result.timeline[::step]
+    if shown[-1] is not result.timeline[-1]:
+        shown.append(result.timeline[-1])
+    lines += ["", "| seconds since ready | requests sent | RSS | series in the store | |", "|---:|---:|---:|---:|---|",
+              *(f"| {r.t_s:.0f} | {r.requests:,} | {_mib(r.rss_bytes)} | {r.stored_series:,} | "
+                f"{'store full' if r.t_s >= growth.fill_s else 'filling' if r.t_s >= growth.warm_s else 'warm-up'} |"
+                for r in shown)]
+    return lines
+
+
 def report(result: Result, args: argparse.Namespace, command: str) -> str:
     """The BENCHMARKS.md section, from the measurements."""
     t, r = result.tally, result.records
     first, warm, end = result.snapshots[1:]
-    faults = Counter(spec.fault for spec in plan(args.requests, args.fault_ratio) if spec.fault)
-    timeouts = sum(n for fault, n in faults.items() if fault in {*TIMEOUT_FAULTS[True], *TIMEOUT_FAULTS[False]})
+    timeouts = sum(n for fault, n in t.faults.items() if fault in {*TIMEOUT_FAULTS[True], *TIMEOUT_FAULTS[False]})
+    bounded = (f"bounded by count and by a {args.max_seconds:g} s cap" if t.total is not None
+               else f"for {args.duration_s:g} s after the warm-up")
     checked = goals(result, args.concurrency)
     lines = [
         f"Command: `{command}` (revision {revision()}, {machine()}).",
         "",
-        f"{t.total:,} requests through a real `inferwatch serve` process in {result.seconds:.0f} s "
-        f"({t.answered / result.seconds:.0f} requests/s), closed loop at concurrency {args.concurrency}, bounded "
-        f"by count and by a {args.max_seconds:g} s cap. The fault-injecting fake upstream "
+        f"{t.sent:,} requests through a real `inferwatch serve` process in {result.seconds:.0f} s of sending "
+        f"({t.answered / result.seconds:.0f} requests/s), closed loop at concurrency {args.concurrency}, {bounded}. "
+        "The fault-injecting fake upstream "
         "(`tests/fakes/faulty_upstream.py`) runs in its own process, the client in a third; all three share the "
         "machine's cores. Mix (seeded): completions and chat, streamed and not (half each), models "
         f"{', '.join(MODELS)}, prompts of {'/'.join(map(str, PROMPT_WORDS))} words, max_tokens "
-        f"{'/'.join(map(str, MAX_TOKENS))}. {sum(faults.values()):,} requests ({args.fault_ratio:.0%}) carry an "
+        f"{'/'.join(map(str, MAX_TOKENS))}. {t.faults.total():,} requests "
+        f"({t.faults.total() / max(t.sent, 1):.0%}) carry an "
         f"`x-fault`: fast faults (streamed: {', '.join(FAST_FAULTS[True])}; non-streamed: "
         f"{', '.join(FAST_FAULTS[False])}) and {timeouts} timeout faults "
         f"({', '.join(sorted({*TIMEOUT_FAULTS[True], *TIMEOUT_FAULTS[False]}))}) against "
@@ -547,15 +827,14 @@ def report(result: Result, args: argparse.Namespace, command: str) -> str:
         *(f"| {s.when} | {s.requests:,} | {s.tasks} | {s.fds} | {s.upstream_connections} | "
           f"{s.rss_bytes / 2**20:.1f} MiB | {s.evaluations} | {s.stored_series:,} |" for s in result.snapshots),
         "",
-        f"The warm-up waits, with no request in flight, for {args.warmup_evaluations} evaluations of the embedded rule "
-        "engine (default `rules.evaluation_interval_s`), because the engine's in-memory store takes a series for "
-        f"each of the sidecar's own series as they first appear: over that idle wait the store went from "
+        f"The warm-up waits, with no request in flight, for {args.warmup_evaluations} evaluations of the embedded "
+        "rule engine: over that idle wait the store went from "
         f"{first.stored_series:,} to {warm.stored_series:,} series and RSS changed by "
         f"{(warm.rss_bytes - first.rss_bytes) / 2**20:+.1f} MiB; from then to the end, "
         f"{end.requests - warm.requests:,} requests later, by {(end.rss_bytes - warm.rss_bytes) / 2**20:+.1f} MiB "
-        f"with {end.stored_series - warm.stored_series:+,} series. The store keeps "
-        "`rule_engine.retention_s` of raw samples per series, so besides new label sets it grows with time, not "
-        "with requests, until a sidecar has run that long.",
+        f"with {end.stored_series - warm.stored_series:+,} series.",
+        "",
+        *store_lines(result),
         "",
         f"Answers by status: {_counts(t.statuses)}. Streams ending in: {_counts(t.stream_ends)}. "
         f"Requests counted by the sidecar (`{REQUESTS.series}`): {r.proxied:,.0f}.",
@@ -578,18 +857,31 @@ def main() -> int:
     """Run the soak, print (and unless --no-write, record) the section; 1 when a goal is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=50_000, help="requests to send (default 50000)")
+    parser.add_argument("--duration-s", type=float, help="send for this long after the warm-up instead of "
+                        "--requests")
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop workers (default 32)")
     parser.add_argument("--fault-ratio", type=float, default=0.1, help="share of requests with a fault (0.1)")
     parser.add_argument("--max-seconds", type=float, default=480.0, help="time cap of the load (default 480)")
     parser.add_argument("--warmup-evaluations", type=int, default=WARMUP_EVALUATIONS,
                         help=f"rule-engine evaluations the warm-up waits for (default {WARMUP_EVALUATIONS})")
+    parser.add_argument("--retention-s", type=float, help="the rule engine's raw and recorded retention "
+                        "(default: the sidecar's)")
+    parser.add_argument("--evaluation-interval-s", type=float, help="the rule engine's evaluation interval "
+                        "(default: the sidecar's)")
+    parser.add_argument("--sample-every-s", type=float, default=SAMPLE_EVERY_S,
+                        help=f"seconds between RSS readings under load (default {SAMPLE_EVERY_S:g})")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args()
     if (args.requests < 10 or args.concurrency < 1 or not 0 <= args.fault_ratio <= 1 or args.max_seconds <= 0
-            or args.warmup_evaluations < 0):
+            or args.warmup_evaluations < 0 or (args.duration_s is not None and args.duration_s <= 0)
+            or any(v is not None and v <= 0 for v in (args.retention_s, args.evaluation_interval_s))
+            or args.sample_every_s <= 0):
         parser.error("need --requests >= 10, --concurrency >= 1, 0 <= --fault-ratio <= 1, --max-seconds > 0, "
-                     "--warmup-evaluations >= 0")
-    result = soak(args.requests, args.concurrency, args.fault_ratio, args.max_seconds, args.warmup_evaluations)
+                     "--warmup-evaluations >= 0, and --duration-s, --retention-s, --evaluation-interval-s, "
+                     "--sample-every-s > 0")
+    result = soak(args.requests, args.concurrency, args.fault_ratio, args.max_seconds, args.warmup_evaluations,
+                  duration_s=args.duration_s, store=StoreConfig(args.retention_s, args.evaluation_interval_s),
+                  sample_every_s=args.sample_every_s)
     command = " ".join([".venv/bin/python benchmarks/soak.py", *sys.argv[1:]])
     text = report(result, args, command)
     publish("Soak", text, not args.no_write)
