@@ -150,8 +150,16 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
 
     proxy = _proxy(app, settings, observers, degraded_models, on_normalized=metrics.normalized.inc,
                    finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
+    ready_gauge = metrics.upstream_ready.labels(settings.serve.upstream)
+
+    def readiness_probed(ok: bool) -> None:
+        """Every probe, the periodic one's and each /readyz call's, sets the gauge: it and the engine series'
+        staleness (``Readiness.lost``) never disagree."""
+        ready_gauge.set(1.0 if ok else 0.0)
+        cold_starts.probe(ok)
+
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
-                          on_result=cold_starts.probe, details=cold_starts.details)
+                          on_result=readiness_probed, details=cold_starts.details)
     app[READINESS] = readiness
     app[PROXY] = proxy
 
@@ -291,9 +299,8 @@ async def _record_sink(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
-    """Probe the upstream periodically so ``inferwatch_upstream_ready`` stays current."""
+    """Probe the upstream periodically so ``inferwatch_upstream_ready`` stays current (each probe sets it)."""
     settings, readiness, metrics = app[SETTINGS], app[READINESS], app[METRICS]
-    gauge = metrics.upstream_ready.labels(settings.serve.upstream)
     for route in sorted(GENERATION_ROUTES):
         app[IN_FLIGHT_REQUESTS].precreate(("unknown", route))
 
@@ -303,7 +310,6 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
     async def probe() -> None:
         nonlocal learned
         ready = await readiness.probe()
-        gauge.set(1.0 if ready else 0.0)
         if ready and not learned:
             names = await _model_names(app[SESSION], settings)
             if names is not None:

@@ -427,3 +427,26 @@ async def test_a_readiness_probe_that_times_out_does_not_count_as_readiness_lost
     assert seen == [("ok", True, False), ("slow", False, False), ("down", False, True), ("slow", False, True),
                     ("ok", True, False)]
     assert refused.lost
+
+
+async def test_a_readyz_call_that_finds_vllm_not_ready_shows_on_metrics_at_once(aiohttp_client: Any,
+                                                                                 aiohttp_server: Any,
+                                                                                 tmp_path: Path) -> None:
+    """/readyz probes afresh: when it finds vLLM not ready, /metrics says so in the same breath (ready gauge 0
+    beside stale 1), not at the next periodic probe a minute later."""
+    from exporters.catalog import request as cr
+    from serving.app import build_app
+    from tests.fakes.openai_upstream import FakeOpenAI
+
+    fake = FakeOpenAI(metrics_text=CURRENT)
+    upstream = f"http://127.0.0.1:{(await aiohttp_server(fake.app())).port}"
+    settings = replace(replace(_settings(upstream), "serve", readiness_interval_s=60.0), "logs", dir=str(tmp_path))
+    registry = CollectorRegistry()
+    client = await aiohttp_client(build_app(settings, registry))
+    labels = {"upstream": upstream}
+    assert (registry.get_sample_value(cr.UPSTREAM_READY.series, labels),
+            registry.get_sample_value(ce.SCRAPE_STALE.series, labels)) == (1.0, 0.0)
+    fake.unhealthy_for = fake.health_checks + 1
+    assert (await client.get("/readyz")).status == 503
+    assert (registry.get_sample_value(cr.UPSTREAM_READY.series, labels),
+            registry.get_sample_value(ce.SCRAPE_STALE.series, labels)) == (0.0, 1.0)
