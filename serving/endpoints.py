@@ -89,16 +89,18 @@ class Readiness:
 
     async def probe(self) -> bool:
         """GET the upstream health URL once; remember and return whether it answered 200."""
+        lost = self.lost
         try:
             async with self._session().get(self.url, timeout=self._timeout) as response:  # type: ignore[operator]
                 ok = response.status == 200
                 self.last_error = None if ok else f"upstream answered {response.status}"
-            self.lost = not ok
+            lost = not ok
         except TimeoutError as err:
             ok, self.last_error = False, f"upstream unreachable: {err.__class__.__name__}: {err}"
         except aiohttp.ClientError as err:
-            ok, self.last_error, self.lost = False, f"upstream unreachable: {err.__class__.__name__}: {err}", True
-        self.last_ok, self.last_probe_unix = ok, time.time()
+            ok, self.last_error, lost = False, f"upstream unreachable: {err.__class__.__name__}: {err}", True
+        # no await from here to on_result: /metrics never sees lost and the ready gauge disagree
+        self.last_ok, self.last_probe_unix, self.lost = ok, time.time(), lost
         if self._on_result is not None:
             self._on_result(ok)
         return ok
