@@ -35,7 +35,9 @@ LOADTEST_HELP = """Send a bounded load (--requests N, --duration S, or both: whi
 OpenAI-compatible server, vLLM directly or through `inferwatch serve`, and report what the client saw:
 p50/p90/p99 of time to first token (streamed only), inter-token gaps and end-to-end latency,
 requests/s, output tokens/s (from usage), errors by status, and the trace ids of the slowest
-requests (returned by the sidecar in x-trace-id; look them up with `inferwatch logs search`).
+requests (returned by the sidecar in x-trace-id: each one's span is in the sidecar's trace backend;
+`inferwatch logs search` finds its record only if the archive kept it, as it keeps errors, requests
+over their SLA and logs.success_sample_ratio of the rest).
 Load is either --concurrency C workers, each sending its next request when the last one ends
 (after a failed one, backing off exponentially from --retry-initial-ms with jitter; those count as retries),
 or --rate R requests/s started on a schedule whatever the latency (request i at i/R s, or
@@ -286,7 +288,7 @@ def _require_plots() -> None:
     try:
         import matplotlib  # noqa: F401 - only checking that the plotting extra is installed
     except ImportError:
-        raise ConfigError("--report", "the plots need matplotlib: pip install 'inferwatch[report]'") from None
+        raise ConfigError("--report", "the plots need matplotlib: pip install '.[report]' in the checkout") from None
 
 
 async def _loadtest(

@@ -4,9 +4,10 @@ The SLO is the rules config's: a request is good when it succeeded within
 ``slo_latency_threshold_s``; a step meets the SLO when the share of good requests among those it
 sent (its goodput) reaches ``slo_objective``. The capacity is the last step, in load order, before
 the first one that misses the SLO (a noisy pass above a miss is not trusted), in successful
-requests per minute. Provisioning for an expected load of ``E`` requests per minute keeps
-``headroom`` (10 %) of spare capacity per 100 requests per minute: ``E x (1 + headroom x E / 100)``
-requests per minute are needed, in ``ceil(needed / capacity)`` replicas.
+requests per minute; when no step misses it, the capacity is only a lower bound ("at least").
+Provisioning for an expected load of ``E`` requests per minute keeps ``headroom`` (10 %) of spare
+capacity per 100 requests per minute: ``E x (1 + headroom x E / 100)`` requests per minute are
+needed, in ``ceil(needed / capacity)`` replicas (at most that many, when the capacity is a lower bound).
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ def capacity(verdicts: Sequence[StepVerdict]) -> StepVerdict | None:
             break
         passed = verdict
     return passed
+
+
+def capacity_document(verdicts: Sequence[StepVerdict]) -> dict[str, Any] | None:
+    """The capacity as ``report.json`` holds it: :func:`capacity`'s step and ``lower_bound``.
+
+    ``lower_bound`` is true when no step missed the SLO: the deployment took every load tried, so
+    its capacity is at least the last step's (the limit lies above); false when a step missed it,
+    so the limit lies between the capacity step and that one.
+    """
+    best = capacity(verdicts)
+    if best is None:
+        return None
+    return {**best.to_dict(), "lower_bound": all(verdict.meets_slo for verdict in verdicts)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,14 +85,19 @@ def _capacity_lines(document: dict[str, Any]) -> list[str]:
     best = document["capacity"]
     if best is None:
         return ["- Capacity: no step met the SLO (the first step already missed it)."]
-    lines = [f"- Capacity: {best['rpm']:.1f} requests/min at step {best['step']} (the last step before the "
-             "first that missed the SLO)."]
+    if best["lower_bound"]:
+        lines = [f"- Capacity: at least {best['rpm']:.1f} requests/min at step {best['step']} (no step missed the "
+                 "SLO: the limit lies above the highest load tried; add a heavier step to find it)."]
+    else:
+        lines = [f"- Capacity: {best['rpm']:.1f} requests/min at step {best['step']} (the last step before the "
+                 "first that missed the SLO)."]
     plan = document["provisioning"]
     if plan is not None:
         lines.append(f"- Provisioning for {plan['expected_rpm']:g} requests/min: with "
                      f"{plan['headroom_per_100_rpm']:.0%} headroom per 100 requests/min "
                      f"({plan['headroom_ratio']:.0%} here), {plan['needed_rpm']:.1f} requests/min are needed: "
-                     f"{plan['replicas']} deployment(s) like this one.")
+                     + ("at most " if best["lower_bound"] else "")
+                     + f"{plan['replicas']} deployment(s) like this one.")
     return lines
 
 

@@ -17,7 +17,7 @@ from exporters.files import write_atomic
 from exporters.records import length_bucket
 from serving.loadtest import markdown, plots
 from serving.loadtest.calibrate import Calibration
-from serving.loadtest.capacity import Provisioning, SloTarget, capacity, judge
+from serving.loadtest.capacity import Provisioning, SloTarget, capacity_document, judge
 from serving.loadtest.client import RequestResult
 from serving.loadtest.stats import Distribution, Latencies
 from serving.loadtest.steps import LONG_CONTEXT_STEP, RunResult
@@ -75,10 +75,10 @@ def build_document(run: RunResult, context: ReportContext) -> dict[str, Any]:
         steps.append({"label": label, "pace": spec.pace, "summary": report.to_dict(), "verdict": verdict.to_dict(),
                       "buckets": by_bucket(report.results)})
     results = run.results
-    best = capacity(verdicts)
+    best = capacity_document(verdicts)
     provisioning = None
     if context.expected_rpm is not None and best is not None:
-        provisioning = Provisioning(context.expected_rpm, context.headroom_per_100_rpm, best.rpm).to_dict()
+        provisioning = Provisioning(context.expected_rpm, context.headroom_per_100_rpm, best["rpm"]).to_dict()
     long_context = next((s for s in steps if s["label"] == LONG_CONTEXT_STEP), None)
     timeline = run.timeline.to_dict() if run.timeline is not None else None
     return {
@@ -98,7 +98,7 @@ def build_document(run: RunResult, context: ReportContext) -> dict[str, Any]:
                    "prompt_tokens": sum(r.prompt_tokens or 0 for r in results if r.ok),
                    "completion_tokens": sum(r.completion_tokens or 0 for r in results if r.ok),
                    "buckets": by_bucket(results)},
-        "capacity": best.to_dict() if best is not None else None,
+        "capacity": best,
         "expected_rpm": context.expected_rpm,
         "provisioning": provisioning,
         "long_context": None if long_context is None else {

@@ -6,6 +6,14 @@ from serving.loadtest.spec import LoadSpec
 from serving.loadtest.stats import Distribution, LoadReport
 from serving.loadtest.steps import RunResult
 
+SLOWEST_HINT = [
+    "(each trace id: its span in the sidecar's trace backend (tracing.otlp_endpoint); its log record in",
+    " `inferwatch logs search --trace-id` only if the archive kept it: errors, requests over their SLA",
+    " (rules.sla_default_s), logs.success_sample_ratio (5 %) of the rest; serve with",
+    " --logs-success-sample-ratio 1 to keep every request of a load test)",
+]
+"""Where the slowest requests' trace ids lead: a successful one under its SLA is archived only if sampled."""
+
 
 def format_run(run: RunResult) -> str:
     """The human-readable report of every step, and of the cold starts."""
@@ -67,4 +75,6 @@ def format_report(spec: LoadSpec, report: LoadReport) -> str:
         lines.append(f"{'':8}{slow.e2e_s * 1000:>10.1f}  {status:<17} {slow.trace_id or '-'}")
     if report.sent and report.trace_ids_missing == report.sent:
         lines.append("(no x-trace-id in the answers: the target is not the sidecar)")
+    elif any(slow.trace_id for slow in report.slowest):
+        lines += SLOWEST_HINT
     return "\n".join(lines)

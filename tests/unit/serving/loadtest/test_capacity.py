@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from alert_rules.config import RulesConfig
-from serving.loadtest.capacity import Provisioning, SloTarget, StepVerdict, capacity, goodput, judge
+from serving.loadtest.capacity import (
+    Provisioning,
+    SloTarget,
+    StepVerdict,
+    capacity,
+    capacity_document,
+    goodput,
+    judge,
+)
 from serving.loadtest.client import RequestResult
 
 
@@ -45,6 +53,22 @@ def test_capacity_is_the_last_step_before_the_first_miss(meets: tuple[bool, ...]
     verdicts = [StepVerdict(str(n), 10, 1.0 if ok else 0.5, ok, 60.0 * n) for n, ok in enumerate(meets, 1)]
     best = capacity(verdicts)
     assert (best.step if best else None) == expected
+
+
+@pytest.mark.parametrize(("meets", "lower_bound"), [
+    pytest.param((True, True, True), True, id="no step missed: at least the last step"),
+    pytest.param((True,), True, id="one step that met: at least it"),
+    pytest.param((True, True, False), False, id="a step missed: the limit lies below it"),
+    pytest.param((True, False, True), False, id="a miss then a pass: not a lower bound either"),
+])
+def test_capacity_is_a_lower_bound_only_when_no_step_missed(meets: tuple[bool, ...], lower_bound: bool) -> None:
+    """report.json's capacity says whether it is a measured limit or only 'at least' (every step met the SLO)."""
+    verdicts = [StepVerdict(str(n), 10, 1.0 if ok else 0.5, ok, 60.0 * n) for n, ok in enumerate(meets, 1)]
+    document = capacity_document(verdicts)
+    assert document is not None
+    assert document["lower_bound"] is lower_bound
+    assert document["step"] == capacity(verdicts).step  # type: ignore[union-attr]
+    assert capacity_document([StepVerdict("1", 10, 0.5, False, 60.0)]) is None
 
 
 def test_provisioning_keeps_ten_percent_headroom_per_hundred_rpm() -> None:

@@ -127,6 +127,10 @@ class TestReportFiles:
         assert plan["needed_rpm"] == pytest.approx(600 * 1.6)
         text = (directory / "report.md").read_text()
         assert f"{best['rpm']:.1f} requests/min" in text
+        missed = [s["label"] for s in document["steps"] if not s["verdict"]["meets_slo"]]
+        assert best["lower_bound"] is (not missed)  # no step missed: the capacity is only 'at least'
+        assert (f"Capacity: at least {best['rpm']:.1f} requests/min" in text) is best["lower_bound"]
+        assert ("at most " in text) is best["lower_bound"]  # fewer deployments may do
         assert "![The run over time](timeline.png)" in text
         assert "GPU power and temperature from" in text
 
