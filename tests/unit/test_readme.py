@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from serving import config_doc
 from serving.config import all_field_docs
 
@@ -42,3 +44,24 @@ def test_architecture_names_every_top_level_package() -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     """.ci/run calls `make test`, the README's test command."""
     assert "make test" in (ROOT / ".ci/run").read_text()
+
+
+def _example_output(command: str) -> str:
+    """The lines the README shows under ``    $ command`` (its indented block), unindented."""
+    lines = README[README.index(f"    $ {command}\n"):].splitlines()[1:]
+    block = []
+    for line in lines:
+        if not line.startswith("    ") or line.startswith("    $ "):
+            break
+        block.append(line[4:])
+    return "\n".join(block) + "\n"
+
+
+def test_the_metrics_derive_example_is_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's `metrics derive` example is what the command prints today for the same capture."""
+    from serving.cli import main
+
+    capture = "tests/data/vllm_v1_engine_0.32.prom"
+    command = f"inferwatch metrics derive {capture}"
+    assert main(["metrics", "derive", str(ROOT / capture)]) == 0
+    assert capsys.readouterr().out == _example_output(command)
