@@ -63,12 +63,15 @@ def redact(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> Event
 
 
 def configure_logging(
-    level: str = "info", *, stream: TextIO | None = None, extra: Iterable[Processor] = (), cache: bool = True
+    level: str = "info", *, stream: TextIO | None = None, extra: Iterable[Processor] = (), cache: bool = True,
+    chatty: Iterable[str] = (),
 ) -> None:
     """Send structlog and standard-library logs as redacted JSON lines to ``stream`` (stderr).
 
     ``cache`` lets each module-level logger settle its configuration on first use (fast; what
-    ``serve`` wants); tests that configure more than once turn it off.
+    ``serve`` wants); tests that configure more than once turn it off. The standard-library
+    loggers named in ``chatty`` (a scheduler's line per job run) speak only from ``warning`` up,
+    unless ``level`` is ``debug``.
     """
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -96,3 +99,5 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric_level)
+    for name in chatty:
+        logging.getLogger(name).setLevel(logging.NOTSET if numeric_level <= logging.DEBUG else logging.WARNING)

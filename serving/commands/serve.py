@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from serving.config import add_config_flags, settings_from_args
 
 SHORTCUTS = {"upstream": "serve.upstream", "listen": "serve.listen", "workers": "serve.workers"}
+CHATTY_LOGGERS = ("apscheduler",)
+"""Libraries whose info lines (a line per scheduled job run) show only at ``--serve-log-level debug``."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from serving.workers import Secondaries, private_socket_path, serve_until_signal
 
     settings = settings_from_args(args, SHORTCUTS)
-    configure_logging(settings.serve.log_level)
+    configure_logging(settings.serve.log_level, chatty=CHATTY_LOGGERS)
+    log = structlog.get_logger("serving.commands.serve")
     host, _, port = settings.serve.listen.rpartition(":")
     workers = settings.serve.workers
     secondaries = unix_path = None
@@ -53,12 +55,8 @@ def run(args: argparse.Namespace) -> int:
         if workers > 1:
             unix_path = private_socket_path()
             secondaries = Secondaries(args.argv, workers, unix_path)
-        print(
-            f"inferwatch serve: listening on http://{settings.serve.listen} -> {settings.serve.upstream} "
-            f"(metrics at http://{settings.serve.listen}/metrics"
-            + (f"; {workers} worker processes)" if workers > 1 else ")"),
-            file=sys.stderr, flush=True,
-        )
+        log.info("serving", listen=f"http://{settings.serve.listen}", upstream=settings.serve.upstream,
+                 metrics=f"http://{settings.serve.listen}/metrics", workers=workers)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve_until_signal(app, front_for(app), host, int(port), reuse_port=workers > 1, unix_path=unix_path,
                                       secondaries=secondaries, shutdown_timeout_s=5.0,

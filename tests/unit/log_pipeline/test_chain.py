@@ -64,3 +64,23 @@ class TestLoggers:
         assert record["event"] == "sending 3 alerts failed"
         assert (record["level"], record["logger"], record["trace_id"]) == ("warning", "serving.rule_engine", "ab" * 16)
         assert record["authorization"] == REDACTED
+
+    def test_chatty_loggers_speak_from_warning_up_unless_debug_is_asked(self) -> None:
+        """A scheduler's per-job info lines stay out at the info level and come back at debug; its warnings stay."""
+        root = logging.getLogger()
+        saved = (root.handlers[:], root.level)
+        chatty = logging.getLogger("apscheduler.executors.default")
+        try:
+            seen = {}
+            for level in ("info", "debug"):
+                stream = io.StringIO()
+                configure_logging(level, stream=stream, cache=False, chatty=("apscheduler",))
+                chatty.info("Running job %s", "probe")
+                chatty.warning("Run time of job %s was missed", "probe")
+                seen[level] = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+        finally:
+            structlog.reset_defaults()
+            root.handlers[:], root.level = saved
+            logging.getLogger("apscheduler").setLevel(logging.NOTSET)
+        assert seen == {"info": ["Run time of job probe was missed"],
+                        "debug": ["Running job probe", "Run time of job probe was missed"]}
