@@ -69,6 +69,10 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     accept_s: float | None = None
+    upstream_sent_s: float | None = None
+    """When the request went out to the upstream (after admission, the body and a connection)."""
+    connect_s: float = 0.0
+    """Time spent opening a new upstream connection for it (0 on a reused one)."""
     ttft_s: float | None = None
     e2e_s: float | None = None
     inter_token_s: list[float] = field(default_factory=list)
@@ -81,6 +85,8 @@ class RequestRecord:
     prompt_chars: int | None = None
     prompt_tokens_estimate: int | None = None
     """The proxy's estimate of the prompt's tokens: the length bucket of a stream cut before its usage chunk."""
+    client_wait_s: float = 0.0
+    """Time the stream waited for the client to take its bytes (its socket full: a slow reader)."""
     engine: EngineRequestStats | None = None
     """vLLM's own numbers for the request, from the stat-logger plugin (serve.engine_stats_listen)."""
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
+from alert_rules.store import SeriesStore
 from exporters.cold_start import ColdStartTracker
 from exporters.genai_metrics import GenAiServerMetrics
 from exporters.inflight import InFlightRequests, InFlightTokens
@@ -32,6 +33,7 @@ from serving.endpoints import Readiness, healthz, json_errors, metrics_handler
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.exchange import aiohttp_handler
+from serving.explain import ContextSources, RequestRing, add_explain_routes
 from serving.front import Front
 from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
@@ -127,7 +129,13 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         if record.outcome is Outcome.OK and record.route in GENERATION_ROUTES and record.ttft_s is not None:
             cold_starts.first_token(at=time.monotonic() - ((record.e2e_s or 0.0) - record.ttft_s))
 
-    observers: list[Observer] = [observe_metrics, observe_logs, observe_health, observe_cold_start]
+    ring = RequestRing(settings.serve.explain_ring_size)
+
+    def observe_for_explain(record: RequestRecord, _span: Span) -> None:
+        ring.add(record)  # a reference kept: explanations are computed when asked
+
+    observers: list[Observer] = [observe_metrics, observe_logs, observe_health, observe_cold_start,
+                                 observe_for_explain]
     if settings.serve.genai_metrics:
         genai = GenAiServerMetrics(registry, *upstream_address(settings.serve.upstream))
 
@@ -183,7 +191,18 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.handle)
-    app.add_subapp(ADMIN_MOUNT, admin_app(admin_token, proxy))
+    admin = admin_app(admin_token, proxy)
+
+    def rule_engine_store() -> SeriesStore | None:
+        runner = app.get(RULE_RUNNER)
+        return runner.store if runner is not None else None
+
+    add_explain_routes(admin, ring, ContextSources(
+        steps=engine_stats.steps if engine_stats is not None else None, store=rule_engine_store,
+        cold_starts=cold_starts,
+        max_num_seqs=settings.rules.max_num_seqs, scrape_interval_s=settings.rules.evaluation_interval_s,
+    ))
+    app.add_subapp(ADMIN_MOUNT, admin)
     if settings.serve.workers > 1:  # the primary of `serve --workers N`: the others' records come in here
         def finish_remote(record: RequestRecord, span: Span) -> None:
             if engine_stats is None:

@@ -141,6 +141,11 @@ class ServeConfig:
         200.0, "How long a finished request's metrics, log record and span wait for its engine numbers when "
         "they have not arrived yet (the client's answer never waits).", check=positive,
     )
+    explain_ring_size: int = setting(
+        10_000, "Finished requests the sidecar keeps for `inferwatch explain` and /admin/requests (the newest; "
+        "each keeps its request record alive: BENCHMARKS.md has the bytes per entry).",
+        check=positive,
+    )
     genai_metrics: bool = setting(
         False, "Also expose OpenTelemetry's GenAI server histograms (gen_ai_server_request_duration_seconds, "
         "gen_ai_server_time_to_first_token_seconds, gen_ai_server_time_per_output_token_seconds) with the "

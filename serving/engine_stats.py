@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,6 +39,29 @@ STEP_FRESH_S = 2.0
 while vLLM steps; an idle engine does not step)."""
 MAX_UNCLAIMED = 4096
 """Engine records kept for requests the proxy has not finished yet (oldest dropped first)."""
+STEPS_KEPT = 6000
+"""Scheduler steps kept for ``inferwatch explain``'s context: ten minutes at the plugin's pace (one each 0.1 s)."""
+
+
+class EngineSteps:
+    """The stat-logger plugin's recent scheduler steps, with the time each arrived (Unix seconds)."""
+
+    def __init__(self, kept: int = STEPS_KEPT) -> None:
+        self._steps: deque[tuple[float, EngineStepStats]] = deque(maxlen=kept)
+
+    def add(self, step: EngineStepStats) -> None:
+        """Note a step that just arrived."""
+        self._steps.append((time.time(), step))
+
+    def between(self, start_unix: float, end_unix: float) -> list[EngineStepStats] | None:
+        """The steps in ``[start, end]`` and the one before (the state at the start); None when the kept
+        steps do not reach back to ``start``."""
+        steps = list(self._steps)
+        if not steps or steps[0][0] > start_unix:
+            return None
+        inside = [step for t, step in steps if start_unix <= t <= end_unix]
+        before = [step for t, step in steps if t < start_unix][-1:]
+        return before + inside
 
 
 class EngineStatsMetrics:
@@ -76,6 +99,8 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
         self.wait_s = wait_s
         self.last_heard = float("-inf")
         self.latest_step: EngineStepStats | None = None
+        self.steps = EngineSteps()
+        """The recent steps, for the context of explanations."""
         self._unclaimed: OrderedDict[str, EngineRequestStats] = OrderedDict()
         self._waiting: dict[str, tuple[RequestRecord, Callable[[], None], asyncio.TimerHandle]] = {}
 
@@ -99,6 +124,7 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
         if step is not None:
             self.metrics.records["step"].inc()
             self.latest_step = step
+            self.steps.add(step)
             self.metrics.step(step)
         for stats in requests:
             self.metrics.records["request"].inc()

@@ -363,6 +363,8 @@ class Proxy:
             return
         try:
             record.accept_s = (time.perf_counter_ns() - start_ns) / 1e9
+            record.upstream_sent_s = (upstream.sent_ns - start_ns) / 1e9
+            record.connect_s = upstream.connect_ns / 1e9
             record.http_status = upstream.status
             record.outcome = classify_status(upstream.status)
             record.model = self._model_label(outgoing.model, upstream.status)
@@ -480,6 +482,7 @@ class Proxy:
             failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_broken", f"upstream stream broke: {err}")
         finally:
             self._stream_stats(reader, record, start_ns)
+            record.client_wait_s = relay.client_wait_ns / 1e9
         if failure is not None:
             upstream.close()
             record.outcome, record.error_type, record.error_message = failure

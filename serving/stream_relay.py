@@ -116,6 +116,8 @@ class StreamRelay:
         self.client_gone = False
         """The client's connection closed under a write."""
         self._failed: Exception | None = None  # raised in the socket callback; re-raised in the task
+        self.client_wait_ns = 0
+        """Time spent waiting for the client's full socket to drain (a slow reader)."""
 
     async def run(self, client: ClientStream) -> None:
         """Relay until the stream ends (see the class) to ``client``, whose head went out.
@@ -136,7 +138,9 @@ class StreamRelay:
                     raise ConnectionResetError("the client closed the connection")
                 if self._ended():
                     return
+                began_ns = time.perf_counter_ns()
                 await client.drain()  # the client's socket is full: wait until it takes more
+                self.client_wait_ns += time.perf_counter_ns() - began_ns
         finally:
             self._stall.stop()
 

@@ -91,6 +91,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.bytes_received = 0
         """Every byte read from the socket so far: moves whenever the upstream speaks (the stall watch)."""
         self.idle_since = 0.0
+        self.connect_ns = 0
+        """How long opening this connection took, for the request that opened it (0 for one reusing it)."""
+        self.sent_ns = 0
+        """When the current request was written (``time.perf_counter_ns``)."""
 
     # -- the request's side ------------------------------------------------------------------------
 
@@ -102,6 +106,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._whole_chunk_sink, self._at_chunk_start = None, False
         self._head_only, self._keep_alive, self.status, self.headers = head_only, False, 0, _NO_HEADERS
         assert self._transport is not None
+        self.sent_ns = time.perf_counter_ns()
         self._transport.write(request)
 
     async def wait_head(self, timeout_s: float) -> None:
@@ -370,7 +375,13 @@ class UpstreamPool:
         Raises:
             UpstreamError: no connection, or no status line (each kind its own subclass).
         """
-        connection = self._idle_connection() or await self._connect()
+        connection = self._idle_connection()
+        if connection is None:
+            began_ns = time.perf_counter_ns()
+            connection = await self._connect()
+            connection.connect_ns = time.perf_counter_ns() - began_ns
+        else:
+            connection.connect_ns = 0
         lines = [f"{method} {self._prefix}{target} HTTP/1.1\r\nHost: {self._host_header}\r\n"]
         lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):

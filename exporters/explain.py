@@ -1,0 +1,311 @@
+"""Why one request took the time it took: its time split into parts that add up to its e2e, and ranked causes.
+
+Pure computation, done only when someone asks (``inferwatch explain``, ``GET /admin/requests/...``):
+the facts of one finished request (:class:`RequestFacts`, from the sidecar's ring of recent requests
+or from an archived log record) and the state of the engine around it (:class:`EngineContext`) go
+in; a JSON-ready explanation of schema :data:`SCHEMA` comes out (documented in the README, "Explain a
+request"). The parts:
+
+- ``sidecar``: the sidecar's own time before the request went out (admission, the body, its checks);
+- ``connect``: opening a new connection to vLLM (0 on a reused one);
+- ``vllm_front_end``: vLLM's API server before its engine's queue (tokenizing, the chat template) and
+  the hops between vLLM and the sidecar: what is left of the e2e once the rest is counted;
+- ``engine_queue``, ``prefill``, ``decode``: vLLM's own phases, from its stat-logger plugin;
+- ``client_slow_read``: the time the stream waited on a client that did not take its bytes, counted
+  after vLLM had finished (while vLLM still generates, it does not slow the request).
+
+Without vLLM's numbers (no plugin) the time from the request going out to the first token is one
+part, ``vllm_until_first_token``, marked ``split: false``; the rest of a stream is ``generation``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporters.records import Outcome, RequestRecord
+
+SCHEMA = "inferwatch.explain/1"
+
+SHARE_SIGNIFICANT = 0.2
+"""A part is a cause when it holds at least this share of the e2e (and its floor below)."""
+QUEUE_FLOOR_MS = 50.0
+PREFILL_FLOOR_MS = 100.0
+SIDECAR_FLOOR_MS = 50.0
+CLIENT_FLOOR_MS = 50.0
+CACHED_SHARE_HIT = 0.5
+"""A prefill with at least this share of its prompt from the prefix cache is no ``long_prefill``."""
+KV_FULL = 0.9
+"""KV usage at or above this while a request queued: it waited for KV blocks (``queue_kv_capacity``)."""
+DECODE_SHARE_CONTENDED = 0.5
+BUSY_BATCH = 4
+"""Running requests from which a decode holding most of the e2e counts as contended (or half of max_num_seqs)."""
+STALL_MIN_MS = 1000.0
+STALL_RATIO = 10.0
+"""A gap between tokens of at least STALL_MIN_MS and STALL_RATIO times the request's median gap is a stall."""
+
+CAUSES = (
+    "upstream_error", "cold_start", "upstream_restart", "preempted", "queue_full_batch", "queue_kv_capacity",
+    "long_prefill", "decode_contention", "stall", "gpu_throttled", "client_slow_read", "sidecar", "none",
+)
+"""The documented vocabulary (README, "Explain a request"); ``gpu_throttled`` is not detected yet."""
+_CATEGORICAL = ("upstream_error", "cold_start", "upstream_restart")
+"""Causes ranked before the others, whatever time they account for."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnginePhases:
+    """vLLM's own account of one request (milliseconds; tokens)."""
+
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float
+    preemptions: int
+    cached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known of one finished request, in milliseconds; None where it was not measured."""
+
+    trace_id: str
+    model: str
+    route: str
+    stream: bool
+    outcome: str
+    http_status: int
+    start_unix: float
+    e2e_ms: float
+    ttft_ms: float | None = None
+    sent_ms: float | None = None
+    connect_ms: float = 0.0
+    client_wait_ms: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    largest_gap_ms: float | None = None
+    median_gap_ms: float | None = None
+    mean_gap_ms: float | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    engine: EnginePhases | None = None
+
+    @property
+    def end_unix(self) -> float:
+        """When the request ended (Unix seconds)."""
+        return self.start_unix + self.e2e_ms / 1000.0
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def facts_from_record(record: RequestRecord) -> RequestFacts:
+    """The facts of a request the proxy finished (the ring's entries)."""
+    gaps = record.inter_token_s
+    engine = record.engine
+    return RequestFacts(
+        trace_id=record.trace_id, model=record.model, route=record.route, stream=record.stream,
+        outcome=record.outcome.value, http_status=record.http_status, start_unix=record.start_unix,
+        e2e_ms=(record.e2e_s or 0.0) * 1000.0, ttft_ms=_ms(record.ttft_s), sent_ms=_ms(record.upstream_sent_s),
+        connect_ms=record.connect_s * 1000.0, client_wait_ms=record.client_wait_s * 1000.0,
+        prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
+        largest_gap_ms=max(gaps) * 1000.0 if gaps else None,
+        median_gap_ms=statistics.median(gaps) * 1000.0 if gaps else None,
+        mean_gap_ms=_ms(record.mean_itl_s), error_type=record.error_type, error_message=record.error_message,
+        engine=None if engine is None else EnginePhases(
+            engine.queued_s * 1000.0, engine.prefill_s * 1000.0, engine.decode_s * 1000.0, engine.preemptions,
+            engine.cached_tokens),
+    )
+
+
+def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> RequestFacts:
+    """The facts of an archived request log record (log schema 1): fewer than the ring's (no sidecar or
+    connect split, no largest gap); ``start_unix`` is its end (``ts``) less its e2e."""
+    engine = None
+    if event.get("engine_queue_ms") is not None:
+        engine = EnginePhases(float(event["engine_queue_ms"]), float(event.get("engine_prefill_ms") or 0.0),
+                              float(event.get("engine_decode_ms") or 0.0), int(event.get("engine_preemptions") or 0),
+                              int(event.get("engine_cached_tokens") or 0))
+    return RequestFacts(
+        trace_id=str(event.get("trace_id", "")), model=str(event.get("model", "unknown")),
+        route=str(event.get("route", "")), stream=bool(event.get("stream")), outcome=str(event.get("outcome", "")),
+        http_status=int(event.get("http_status") or 0), start_unix=start_unix,
+        e2e_ms=float(event.get("e2e_ms") or 0.0), ttft_ms=event.get("ttft_ms"),
+        prompt_tokens=event.get("prompt_tokens"), completion_tokens=event.get("completion_tokens"),
+        mean_gap_ms=event.get("itl_ms"), error_type=event.get("error_type"),
+        error_message=event.get("error_message"), engine=engine,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStartSpan:
+    """A cold start of the upstream (Unix seconds): from readiness lost (or not ready when the sidecar started)
+    to the first token after it came back (None: going on)."""
+
+    cause: str
+    began_unix: float
+    ended_unix: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineContext:
+    """The engine around a request, from the sidecar's own history; None where that history has nothing."""
+
+    source: str
+    """Where the engine's numbers came from: ``plugin_steps``, ``sidecar_store`` or ``none``."""
+    running_max: int | None = None
+    waiting_max: int | None = None
+    kv_usage_max: float | None = None
+    preemptions_in_window: float | None = None
+    """vLLM's ``vllm:num_preemptions_total`` growth around the request (every request's)."""
+    max_num_seqs: int | None = None
+    in_flight_max: float | None = None
+    cold_starts: tuple[ColdStartSpan, ...] = ()
+    """The upstream's cold starts the sidecar remembers (its last few, and one going on)."""
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready (the explanation's ``context``)."""
+        return {
+            "source": self.source, "running_max": self.running_max, "waiting_max": self.waiting_max,
+            "kv_usage_max": _round(self.kv_usage_max, 3), "preemptions_in_window": self.preemptions_in_window,
+            "max_num_seqs": self.max_num_seqs, "in_flight_max": self.in_flight_max, "note": self.note,
+        }
+
+
+NO_CONTEXT = EngineContext("none", note="no sidecar history for this request")
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _phases(facts: RequestFacts) -> list[dict[str, Any]]:
+    """The parts of the e2e, in the order they happen; their ``ms`` add up to ``facts.e2e_ms``."""
+    e2e = facts.e2e_ms
+    parts: list[tuple[str, float, bool]] = []  # name, ms, split
+    sent = facts.sent_ms
+    if sent is None and facts.ttft_ms is None:  # never reached the upstream's answer, or an archived failure
+        parts.append(("sidecar_and_upstream", e2e, False))
+    else:
+        after = 0.0
+        if sent is not None:
+            parts += [("sidecar", max(0.0, sent - facts.connect_ms), True), ("connect", facts.connect_ms, True)]
+            after = sent
+        engine = facts.engine
+        if engine is not None:
+            engine_ms = engine.queue_ms + engine.prefill_ms + engine.decode_ms
+            tail = max(0.0, e2e - after - engine_ms)
+            client = min(facts.client_wait_ms, tail)
+            front = "vllm_front_end" if sent is not None else "sidecar_and_vllm_front_end"
+            parts += [(front, tail - client, sent is not None), ("engine_queue", engine.queue_ms, True),
+                      ("prefill", engine.prefill_ms, True), ("decode", engine.decode_ms, True),
+                      ("client_slow_read", client, True)]
+        elif facts.ttft_ms is not None:
+            first = max(0.0, facts.ttft_ms - after)
+            rest = max(0.0, e2e - after - first)
+            client = min(facts.client_wait_ms, rest)
+            name = "vllm_until_first_token" if sent is not None else "until_first_token"
+            parts += [(name, first, False), ("generation", rest - client, True), ("client_slow_read", client, True)]
+        else:  # sent, then no answer (a failure after the request went out)
+            parts.append(("upstream", max(0.0, e2e - after), False))
+    total = sum(ms for _, ms, _ in parts) or 1.0
+    return [{"name": name, "ms": round(ms, 1), "share": round(ms / total, 3), "split": split}
+            for name, ms, split in parts]
+
+
+def _cause(name: str, ms: float, text: str, **evidence: Any) -> dict[str, Any]:
+    return {"cause": name, "ms": round(ms, 1), "text": text, "evidence": evidence}
+
+
+def _significant(ms: float, e2e: float, floor: float) -> bool:
+    return ms >= floor and e2e > 0 and ms / e2e >= SHARE_SIGNIFICANT
+
+
+def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContext) -> list[dict[str, Any]]:
+    e2e, engine, found = facts.e2e_ms, facts.engine, []
+    if facts.outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
+        found.append(_cause("upstream_error", e2e, f"it failed: {facts.error_type or facts.outcome} "
+                            f"(HTTP {facts.http_status})", http_status=facts.http_status,
+                            error_type=facts.error_type, error_message=(facts.error_message or "")[:200]))
+    for cold in context.cold_starts:
+        evidence = {"cold_start_cause": cold.cause, "began_unix": cold.began_unix, "ended_unix": cold.ended_unix}
+        if cold.began_unix <= facts.start_unix and (cold.ended_unix is None or facts.start_unix <= cold.ended_unix):
+            waited = ((cold.ended_unix or facts.end_unix) - facts.start_unix) * 1000.0
+            found.append(_cause("cold_start", min(e2e, waited), "it came while vLLM was starting up "
+                                f"({cold.cause.replace('_', ' ')})", **evidence))
+        elif facts.start_unix < cold.began_unix <= facts.end_unix:
+            found.append(_cause("upstream_restart", (facts.end_unix - cold.began_unix) * 1000.0,
+                                "vLLM went down while it ran (readiness lost)", **evidence))
+    if engine is not None and engine.preemptions > 0:
+        found.append(_cause("preempted", engine.decode_ms + engine.prefill_ms,
+                            f"vLLM preempted it {engine.preemptions} time(s) (its KV blocks freed, then recomputed)",
+                            preemptions=engine.preemptions, preemptions_in_window=context.preemptions_in_window,
+                            kv_usage_max=_round(context.kv_usage_max, 3)))
+    queue_ms = engine.queue_ms if engine is not None else (
+        phases.get("vllm_until_first_token", 0.0) if (context.waiting_max or 0) > 0 else 0.0)
+    if _significant(queue_ms, e2e, QUEUE_FLOOR_MS):
+        evidence = {"queue_ms": round(queue_ms, 1), "running_max": context.running_max,
+                    "waiting_max": context.waiting_max, "kv_usage_max": _round(context.kv_usage_max, 3),
+                    "max_num_seqs": context.max_num_seqs, "queue_split": engine is not None}
+        if context.kv_usage_max is not None and context.kv_usage_max >= KV_FULL:
+            found.append(_cause("queue_kv_capacity", queue_ms, f"it queued {queue_ms:,.0f} ms waiting for KV blocks "
+                                f"(KV usage up to {context.kv_usage_max:.2f})", **evidence))
+        else:
+            batch = f"{context.running_max} running" if context.running_max is not None else "a running batch"
+            limit = f" of max_num_seqs {context.max_num_seqs}" if context.max_num_seqs else ""
+            found.append(_cause("queue_full_batch", queue_ms,
+                                f"it queued {queue_ms:,.0f} ms behind a full batch ({batch}{limit})", **evidence))
+    if engine is not None and _significant(engine.prefill_ms, e2e, PREFILL_FLOOR_MS):
+        prompt = facts.prompt_tokens or 0
+        if engine.cached_tokens < CACHED_SHARE_HIT * prompt or not prompt:
+            found.append(_cause("long_prefill", engine.prefill_ms, f"its prefill of {prompt} prompt tokens took "
+                                f"{engine.prefill_ms:,.0f} ms ({engine.cached_tokens} from the prefix cache)",
+                                prefill_ms=round(engine.prefill_ms, 1), prompt_tokens=prompt,
+                                cached_tokens=engine.cached_tokens))
+    decode_ms = phases.get("decode", phases.get("generation", 0.0))
+    busy = max(BUSY_BATCH, (context.max_num_seqs or 0) // 2)
+    if e2e > 0 and decode_ms / e2e >= DECODE_SHARE_CONTENDED and (context.running_max or 0) >= busy:
+        found.append(_cause("decode_contention", decode_ms, f"its decode shared the engine with up to "
+                            f"{context.running_max} running requests (mean gap {facts.mean_gap_ms or 0:.1f} ms)",
+                            decode_ms=round(decode_ms, 1), mean_gap_ms=_round(facts.mean_gap_ms),
+                            running_max=context.running_max))
+    largest, median = facts.largest_gap_ms, facts.median_gap_ms
+    if largest is not None and median is not None and largest >= STALL_MIN_MS and largest >= STALL_RATIO * median:
+        found.append(_cause("stall", largest, f"its stream stalled {largest:,.0f} ms between two tokens "
+                            f"({largest / max(median, 0.001):.0f}x its median gap)",
+                            largest_gap_ms=round(largest, 1), median_gap_ms=round(median, 1)))
+    client = phases.get("client_slow_read", 0.0)
+    if _significant(client, e2e, CLIENT_FLOOR_MS):
+        found.append(_cause("client_slow_read", client, f"the client read slowly: the stream waited {client:,.0f} ms "
+                            "for it", client_wait_ms=round(facts.client_wait_ms, 1)))
+    sidecar = phases.get("sidecar", 0.0)
+    if _significant(sidecar, e2e, SIDECAR_FLOOR_MS):
+        found.append(_cause("sidecar", sidecar, f"the sidecar took {sidecar:,.0f} ms before sending it",
+                            sidecar_ms=round(sidecar, 1)))
+    found.sort(key=lambda cause: (cause["cause"] not in _CATEGORICAL, -cause["ms"]))
+    if not found:
+        found.append(_cause("none", 0.0, "nothing stands out: no part holds an unusual share, no preemption, "
+                            "no error", e2e_ms=round(e2e, 1)))
+    return found
+
+
+def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source: str = "ring") -> dict[str, Any]:
+    """The explanation of one request (schema :data:`SCHEMA`); ``source`` says where its facts came from."""
+    phases = _phases(facts)
+    by_name = {phase["name"]: phase["ms"] for phase in phases}
+    causes = _causes(facts, by_name, context)
+    engine = facts.engine
+    return {
+        "schema": SCHEMA, "source": source, "trace_id": facts.trace_id, "model": facts.model, "route": facts.route,
+        "stream": facts.stream, "outcome": facts.outcome, "http_status": facts.http_status,
+        "start_unix": round(facts.start_unix, 3), "e2e_ms": round(facts.e2e_ms, 1), "ttft_ms": _round(facts.ttft_ms),
+        "prompt_tokens": facts.prompt_tokens, "completion_tokens": facts.completion_tokens,
+        "cached_tokens": None if engine is None else engine.cached_tokens,
+        "preemptions": None if engine is None else engine.preemptions,
+        "engine_numbers": engine is not None,
+        "largest_gap_ms": _round(facts.largest_gap_ms), "mean_gap_ms": _round(facts.mean_gap_ms),
+        "phases": phases, "context": context.to_json(), "causes": causes, "reason": causes[0]["text"],
+    }

@@ -1,0 +1,217 @@
+"""`inferwatch explain TRACE_ID` and `inferwatch explain --slowest N --since D`: why a request was slow.
+
+The sidecar is asked first (its ring of recent requests, ``GET /admin/requests/...``), then the
+request-log archive given with ``--dir``. Exit 0 when found, 1 when not (saying where it looked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from alert_rules.engine import RuleFileError, parse_duration_ms
+from exporters.errors import InferwatchError
+from exporters.explain import EngineContext, explain, facts_from_log_event
+from log_pipeline.errors import ArchiveError
+from log_pipeline.query import Archive, Filter, ts_ms
+from serving.commands.logs import trace_id
+
+DEFAULT_SIDECAR = "http://127.0.0.1:9100"
+SIDECAR_TIMEOUT_S = 10.0
+BAR_WIDTH = 40
+HELP = """Explain one request: its time split into parts that add up to its end-to-end latency (the
+sidecar, connecting, vLLM's front end, the engine's queue, prefill and decode, a slow-reading client),
+the engine's state around it and the ranked causes. The sidecar's ring of recent requests is asked
+first (--sidecar), then the request-log archive (--dir). With --slowest N --since D: the N slowest
+requests of the last D with a one-line reason each. Exit 0 when found, 1 when not (saying where it
+looked). The JSON schema is in the README, "Explain a request"."""
+NEXT_STEP = {
+    "upstream_error": "its log record (inferwatch logs search --trace-id ID) and vLLM's own log around that time",
+    "cold_start": "/readyz's recent_cold_starts, and `inferwatch warmup` after restarts",
+    "upstream_restart": "the kill-drill numbers (`inferwatch drill kill`) and vLLM's log for why it went down",
+    "preempted": "the engine board's KV-cache and preemption panels: fewer long requests at once or more KV blocks",
+    "queue_full_batch": "the engine board's queue and batch panels: a larger --max-num-seqs if KV allows, or more "
+    "replicas",
+    "queue_kv_capacity": "the engine board's KV-cache panels: more KV blocks (--gpu-memory-utilization) or shorter "
+    "contexts",
+    "long_prefill": "the engine board's prefill panels by length bucket: prefix caching for repeated prompts, or "
+    "chunked prefill",
+    "decode_contention": "the inter-token latency panels: a smaller batch (--max-num-seqs) for latency, or more "
+    "replicas",
+    "stall": "the engine board around that moment and vLLM's log (a stalled step: GC, swap, a host CPU spike)",
+    "client_slow_read": "the client: it read its stream slower than vLLM wrote it",
+    "sidecar": "the sidecar's own board (its CPU, serve --workers)",
+    "none": "nothing: it was an ordinary request; `inferwatch explain --slowest 10 --since 15m` lists slower ones",
+}
+
+
+class RequestNotFoundError(InferwatchError, LookupError):
+    """The request is in none of the places looked in; the message names them (exit 1)."""
+
+
+def _get_json(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url, timeout=SIDECAR_TIMEOUT_S) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        try:
+            return err.code, json.loads(err.read())
+        except ValueError:
+            return err.code, {}
+
+
+def _from_sidecar(base: str, path: str, where: list[str]) -> dict[str, Any] | None:
+    url = base.rstrip("/") + path
+    try:
+        status, body = _get_json(url)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        where.append(f"the sidecar at {base} could not be asked ({reason})")
+        return None
+    if status == 200:
+        return body
+    message = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else None
+    where.append(f"the sidecar at {base}: HTTP {status}{f' ({message})' if message else ''}")
+    return None
+
+
+def _explain_event(event: dict[str, Any]) -> dict[str, Any]:
+    end_ms = ts_ms(event.get("ts")) or 0
+    start_unix = end_ms / 1000.0 - float(event.get("e2e_ms") or 0.0) / 1000.0
+    context = EngineContext("none", note="an archived record: the sidecar's history around it is not read")
+    return explain(facts_from_log_event(event, start_unix), context, source="archive")
+
+
+def _find_one(args: argparse.Namespace) -> dict[str, Any]:
+    where: list[str] = []
+    found = _from_sidecar(args.sidecar, f"/admin/requests/{args.trace_id}", where)
+    if found is not None:
+        return found
+    if args.dir:
+        try:
+            events = list(Archive(args.dir).find(args.trace_id))
+        except (ArchiveError, OSError) as err:
+            where.append(f"the archive {args.dir} could not be read ({err})")
+        else:
+            if events:
+                return _explain_event(events[-1])
+            where.append(f"the archive {args.dir} has no record of it")
+    else:
+        where.append("no archive searched (--dir not given)")
+    raise RequestNotFoundError(f"trace {args.trace_id} not found: " + "; ".join(where))
+
+
+def _slowest(args: argparse.Namespace) -> dict[str, Any]:
+    where: list[str] = []
+    query = {"slowest": str(args.slowest), "since": args.since} | ({"model": args.model} if args.model else {})
+    found = _from_sidecar(args.sidecar, "/admin/requests?" + urllib.parse.urlencode(query), where)
+    if found is not None and found["requests"]:
+        return found | {"source": "ring"}
+    if found is not None:
+        where.append(f"the sidecar at {args.sidecar} has no request in the last {args.since}")
+    if args.dir:
+        since_ms = round(time.time() * 1000) - parse_duration_ms(args.since)
+        events = [e for e in Archive(args.dir).records(Filter(since_ms=since_ms))
+                  if args.model is None or e.get("model") == args.model]
+        events.sort(key=lambda e: float(e.get("e2e_ms") or 0.0), reverse=True)
+        rows = []
+        for event in events[:args.slowest]:
+            explanation = _explain_event(event)
+            rows.append({key: explanation[key] for key in ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms",
+                                                           "outcome", "reason")}
+                        | {"cause": explanation["causes"][0]["cause"]})
+        if rows:
+            return {"source": "archive", "requests": rows}
+        where.append(f"the archive {args.dir} has no record in the last {args.since}")
+    else:
+        where.append("no archive searched (--dir not given)")
+    raise RequestNotFoundError("no request found: " + "; ".join(where))
+
+
+def _bar(share: float) -> str:
+    eighths = round(share * BAR_WIDTH * 8)
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
+
+
+def render(explanation: dict[str, Any]) -> str:
+    """The explanation as text for a terminal: one aligned bar per phase, the causes, what to look at next."""
+    e = explanation
+    source = "the sidecar's ring" if e["source"] == "ring" else "the archive"
+    ttft = f"  TTFT {e['ttft_ms']:,.1f} ms" if e["ttft_ms"] is not None else ""
+    lines = [f"trace {e['trace_id']}  {e['model']}  {e['route']}  {e['outcome']} {e['http_status']}  "
+             f"e2e {e['e2e_ms']:,.1f} ms{ttft}  (from {source})"]
+    width = max(len(p["name"]) for p in e["phases"])
+    for phase in e["phases"]:
+        note = ""
+        if phase["name"] in ("decode", "generation") and e["largest_gap_ms"] is not None:
+            note = f"  largest gap {e['largest_gap_ms']:,.1f} ms"
+        if not phase["split"]:
+            note += "  (not split without vLLM's plugin)" if phase["name"] != "sidecar_and_vllm_front_end" \
+                else "  (the archive does not split it)"
+        lines.append(f"  {phase['name']:<{width}}  {phase['ms']:>10,.1f} ms  {phase['share']:>6.1%}  "
+                     f"{_bar(phase['share'])}{note}")
+    causes = e["causes"]
+    lines.append("Why: " + "; ".join(c["text"] for c in causes[:3]) + ".")
+    context = e["context"]
+    if context["source"] != "none":
+        known = [f"{label} {context[key]}" for key, label in (
+            ("running_max", "running up to"), ("waiting_max", "waiting up to"), ("kv_usage_max", "KV usage up to"),
+            ("preemptions_in_window", "vLLM preemptions around it"), ("max_num_seqs", "max_num_seqs"))
+            if context[key] is not None]
+        lines.append(f"Around it ({context['source']}): " + (", ".join(known) or "nothing recorded"))
+    if e["engine_numbers"] is False:
+        lines.append("vLLM's own phases are missing: run its stat-logger plugin (README, \"vLLM's own numbers\").")
+    lines.append(f"Next: {NEXT_STEP.get(causes[0]['cause'], NEXT_STEP['none'])}.")
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if (args.trace_id is None) == (args.slowest is None):
+        print("inferwatch explain: give a TRACE_ID or --slowest N (not both)", file=sys.stderr)
+        return 2
+    result = _find_one(args) if args.trace_id is not None else _slowest(args)  # RequestNotFoundError: exit 1
+    if args.json:
+        print(json.dumps(result))
+    elif args.trace_id is not None:
+        print(render(result))
+    else:
+        for row in result["requests"]:
+            print(f"{row['trace_id']}  {row['e2e_ms']:>10,.1f} ms  {row['cause']:<18} {row['reason']}")
+    return 0
+
+
+def _duration(text: str) -> str:
+    try:
+        parse_duration_ms(text, "--since")
+    except RuleFileError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count between 1 and 1000")
+    return int(text)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `explain` command."""
+    parser = subparsers.add_parser("explain", help="Why was this request slow: phases, context and causes.",
+                                   description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace_id", nargs="?", type=trace_id, metavar="TRACE_ID",
+                        help="The request's trace id (32 hex digits, as in the x-trace-id header).")
+    parser.add_argument("--slowest", type=_count, metavar="N", help="List the N slowest requests instead.")
+    parser.add_argument("--since", default="15m", type=_duration, metavar="DURATION",
+                        help="With --slowest: how far back (15m, 2h; default 15m).")
+    parser.add_argument("--model", metavar="M", help="With --slowest: only this model's requests.")
+    parser.add_argument("--sidecar", default=DEFAULT_SIDECAR, metavar="URL",
+                        help=f"The sidecar's base URL (default {DEFAULT_SIDECAR}).")
+    parser.add_argument("--dir", metavar="ARCHIVE", help="The request-log archive to search next.")
+    parser.add_argument("--json", action="store_true", help="The explanation as JSON (schema inferwatch.explain/1).")
+    parser.set_defaults(func=_run)

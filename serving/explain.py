@@ -1,0 +1,196 @@
+"""``inferwatch explain`` on the sidecar's side: the ring of recent requests and ``/admin/requests``.
+
+Every finished request goes into a bounded ring (``serve.explain_ring_size``, default 10,000) as the
+record the proxy already built: a deque append and a dict store, nothing copied or computed (the
+cost and the memory per entry are measured by ``benchmarks/explain_ring.py``). An explanation is
+computed only when asked (:mod:`exporters.explain`), with the engine's state around the request
+from what the sidecar already holds: the stat-logger plugin's recent scheduler steps (running,
+waiting, KV usage, every 0.1 s), else the embedded rule engine's store of scraped series; vLLM's
+preemption counter from that store; the cold starts the readiness probes saw.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+
+from alert_rules.engine import RuleFileError, parse_duration_ms
+from alert_rules.store import SeriesStore
+from exporters.catalog import request as request_specs
+from exporters.catalog import vllm as vllm_specs
+from exporters.cold_start import ColdStartTracker
+from exporters.explain import ColdStartSpan, EngineContext, explain, facts_from_record
+from exporters.records import RequestRecord
+from serving.engine_stats import EngineSteps
+from serving.errors import error_body
+
+SLOWEST_MAX = 1000
+
+
+class RequestRing:
+    """The last ``size`` finished requests, oldest first, found by trace id.
+
+    :meth:`add` runs on the request path (an observer): it keeps a reference to the record.
+    """
+
+    __slots__ = ("_index", "_records", "_size")
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._records: deque[RequestRecord] = deque()
+        self._index: dict[str, RequestRecord] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, record: RequestRecord) -> None:
+        """Keep ``record``; past the size, forget the oldest."""
+        records = self._records
+        if len(records) == self._size:
+            oldest = records.popleft()
+            if self._index.get(oldest.trace_id) is oldest:
+                del self._index[oldest.trace_id]
+        records.append(record)
+        self._index[record.trace_id] = record
+
+    def get(self, trace_id: str) -> RequestRecord | None:
+        """The latest request of ``trace_id`` still in the ring."""
+        return self._index.get(trace_id)
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        return iter(list(self._records))
+
+    def slowest(self, n: int, since_unix: float, model: str | None = None) -> list[RequestRecord]:
+        """The ``n`` slowest requests that started at or after ``since_unix`` (of ``model`` when given)."""
+        chosen = [r for r in self if r.start_unix >= since_unix and (model is None or r.model == model)]
+        chosen.sort(key=lambda r: r.e2e_s or 0.0, reverse=True)
+        return chosen[:n]
+
+
+def _store_max(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> float | None:
+    """The largest sum over series at one time of ``name`` in ``[start, end]``; None when none was stored."""
+    totals: dict[int, float] = {}
+    for _labels, times, values in store.window(name, [], start_ms, end_ms):
+        for t, v in zip(times, values, strict=True):
+            totals[t] = totals.get(t, 0.0) + v
+    return max(totals.values()) if totals else None
+
+
+def _store_increase(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> float | None:
+    rows = store.increases(name, [], start_ms, end_ms, counter=True)
+    return sum(row[5] for row in rows) if rows else None
+
+
+class ContextSources:
+    """Where the engine's state around a request is read from (each may be missing)."""
+
+    def __init__(
+        self, *, steps: EngineSteps | None, store: Callable[[], SeriesStore | None], cold_starts: ColdStartTracker,
+        max_num_seqs: int, scrape_interval_s: float,
+    ) -> None:
+        self.steps = steps
+        self._store = store
+        self._cold_starts = cold_starts
+        self._max_num_seqs = max_num_seqs or None
+        self._pad_s = scrape_interval_s
+
+    def _cold_start_spans(self) -> tuple[ColdStartSpan, ...]:
+        tracker = self._cold_starts
+        spans = [ColdStartSpan(c.cause, c.began_unix, c.began_unix + c.first_token_after_s) for c in tracker.recent]
+        going_on = tracker.in_progress()
+        if going_on is not None:
+            spans.append(ColdStartSpan(going_on["cause"], going_on["began_unix"], None))
+        return tuple(spans)
+
+    def context(self, start_unix: float, end_unix: float) -> EngineContext:
+        """The engine's state while a request ran from ``start_unix`` to ``end_unix``."""
+        cold = self._cold_start_spans()
+        store = self._store()
+        preemptions = in_flight = None
+        notes = []
+        if store is not None:
+            pad_ms = int(self._pad_s * 1000)
+            start_ms, end_ms = int(start_unix * 1000) - pad_ms, int(end_unix * 1000) + pad_ms
+            try:  # the rule engine's thread may be writing: a read that trips on it leaves these unknown
+                preemptions = _store_increase(store, vllm_specs.NUM_PREEMPTIONS.series, start_ms, end_ms)
+                in_flight = _store_max(store, request_specs.REQUESTS_IN_FLIGHT.series, start_ms, end_ms)
+            except (IndexError, ValueError, RuntimeError):
+                notes.append("the store was busy")
+        steps = self.steps.between(start_unix, end_unix) if self.steps is not None else None
+        if steps:
+            return EngineContext(
+                "plugin_steps", running_max=max(s.running for s in steps), waiting_max=max(s.waiting for s in steps),
+                kv_usage_max=max(s.kv_cache_usage for s in steps), preemptions_in_window=preemptions,
+                max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
+        if store is None:
+            return EngineContext("none", max_num_seqs=self._max_num_seqs, cold_starts=cold,
+                                 note="no plugin steps and no rule engine store cover the request")
+        try:
+            running = _store_max(store, vllm_specs.NUM_REQUESTS_RUNNING.series, start_ms, end_ms)
+            waiting = _store_max(store, vllm_specs.NUM_REQUESTS_WAITING.series, start_ms, end_ms)
+            kv = _store_max(store, vllm_specs.KV_CACHE_USAGE_PERC.series, start_ms, end_ms)
+        except (IndexError, ValueError, RuntimeError):
+            running = waiting = kv = None
+            notes.append("the store was busy")
+        notes.append(f"scraped every {self._pad_s:g} s: the nearest samples, not the request's own moments")
+        return EngineContext(
+            "sidecar_store", running_max=None if running is None else int(running),
+            waiting_max=None if waiting is None else int(waiting), kv_usage_max=kv, preemptions_in_window=preemptions,
+            max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
+
+
+def explain_record(record: RequestRecord, sources: ContextSources) -> dict[str, Any]:
+    """The explanation of a request in the ring."""
+    facts = facts_from_record(record)
+    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring")
+
+
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.Response(body=error_body(message, "invalid_request_error", 400), status=400,
+                        content_type="application/json", headers=_NO_STORE)
+
+
+def add_explain_routes(admin: web.Application, ring: RequestRing, sources: ContextSources) -> None:
+    """``GET /admin/requests/{trace_id}`` and ``GET /admin/requests?slowest=N&since=D[&model=M]`` on the
+    admin sub-application (its access rule applies)."""
+
+    async def one(request: web.Request) -> web.Response:
+        trace_id = request.match_info["trace_id"].lower()
+        record = ring.get(trace_id)
+        if record is None:
+            message = f"trace {trace_id} is not among the sidecar's last {len(ring)} requests (serve.explain_ring_size)"
+            return web.Response(body=error_body(message, "not_found", 404), status=404,
+                                content_type="application/json", headers=_NO_STORE)
+        return web.json_response(explain_record(record, sources), headers=_NO_STORE)
+
+    async def slowest(request: web.Request) -> web.Response:
+        query = request.query
+        try:
+            n = int(query.get("slowest", "10"))
+        except ValueError:
+            return _bad_request(f"slowest={query.get('slowest')!r} is not a whole number")
+        if not 1 <= n <= SLOWEST_MAX:
+            return _bad_request(f"slowest must be between 1 and {SLOWEST_MAX}")
+        try:
+            since_ms = parse_duration_ms(query.get("since", "15m"), "since")
+        except RuleFileError as err:
+            return _bad_request(str(err))
+        found = ring.slowest(n, time.time() - since_ms / 1000.0, query.get("model"))
+        rows = []
+        for record in found:
+            explanation = explain_record(record, sources)
+            rows.append({key: explanation[key] for key in ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms",
+                                                           "outcome", "reason")}
+                        | {"cause": explanation["causes"][0]["cause"]})
+        return web.json_response({"ring_size": len(ring), "since_s": since_ms / 1000.0, "requests": rows},
+                                 headers=_NO_STORE)
+
+    admin.router.add_get("/requests", slowest)
+    admin.router.add_get("/requests/{trace_id}", one)

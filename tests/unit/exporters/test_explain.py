@@ -1,0 +1,90 @@
+"""Which cause an explanation names, from a request's facts and the engine's state around it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from exporters.explain import ColdStartSpan, EngineContext, EnginePhases, RequestFacts, explain
+
+START = 1_700_000_000.0
+
+
+def _facts(e2e_ms: float = 1000.0, **changes: Any) -> RequestFacts:
+    values: dict[str, Any] = {
+        "trace_id": "ab" * 16, "model": "m", "route": "/v1/completions", "stream": True, "outcome": "ok",
+        "http_status": 200, "start_unix": START, "e2e_ms": e2e_ms, "ttft_ms": 100.0, "sent_ms": 1.0,
+        "largest_gap_ms": 12.0, "median_gap_ms": 10.0, "mean_gap_ms": 10.0, "prompt_tokens": 100,
+        "engine": EnginePhases(queue_ms=1.0, prefill_ms=20.0, decode_ms=900.0, preemptions=0, cached_tokens=0),
+    }
+    return RequestFacts(**(values | changes))
+
+
+def _causes(facts: RequestFacts, context: EngineContext | None = None) -> list[str]:
+    return [c["cause"] for c in explain(facts, context or EngineContext("plugin_steps", running_max=1))["causes"]]
+
+
+def test_a_long_queue_with_full_kv_is_kv_capacity_and_with_free_kv_a_full_batch() -> None:
+    """The same queue time names queue_kv_capacity at KV usage 0.95 and queue_full_batch at 0.3."""
+    facts = _facts(engine=EnginePhases(600.0, 20.0, 300.0, 0, 0))
+    assert _causes(facts, EngineContext("plugin_steps", running_max=8, kv_usage_max=0.95))[0] == "queue_kv_capacity"
+    assert _causes(facts, EngineContext("plugin_steps", running_max=8, kv_usage_max=0.3,
+                                        max_num_seqs=8))[0] == "queue_full_batch"
+
+
+def test_a_short_queue_is_no_cause() -> None:
+    """A queue under its floor (50 ms) is no cause even when it is a large share of a short request."""
+    assert _causes(_facts(e2e_ms=60.0, engine=EnginePhases(30.0, 5.0, 20.0, 0, 0))) == ["none"]
+
+
+def test_long_prefill_needs_a_prompt_mostly_outside_the_prefix_cache() -> None:
+    """A long prefill is long_prefill with no cache hit, and no cause when most of the prompt was cached."""
+    uncached = _facts(prompt_tokens=4000, engine=EnginePhases(1.0, 500.0, 400.0, 0, 0))
+    cached = _facts(prompt_tokens=4000, engine=EnginePhases(1.0, 500.0, 400.0, 0, 3968))
+    assert _causes(uncached) == ["long_prefill"]
+    assert _causes(cached) == ["none"]
+
+
+def test_stall_is_a_gap_far_above_the_requests_own() -> None:
+    """A 1.5 s gap among 10 ms gaps is a stall; a 1.5 s gap among 1 s gaps is not."""
+    assert "stall" in _causes(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=10.0))
+    assert "stall" not in _causes(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=1000.0))
+
+
+def test_decode_contention_needs_a_busy_batch() -> None:
+    """A decode holding most of the e2e is decode_contention with 8 running, no cause when alone."""
+    assert _causes(_facts(), EngineContext("plugin_steps", running_max=8)) == ["decode_contention"]
+    assert _causes(_facts(), EngineContext("plugin_steps", running_max=1)) == ["none"]
+
+
+def test_a_request_sent_during_warm_up_is_cold_start_and_one_cut_by_a_restart_is_upstream_restart() -> None:
+    """A cold start that began before the request is cold_start; one that began while it ran, upstream_restart;
+    both rank before time-share causes."""
+    warming = ColdStartSpan("readiness_lost", START - 5, START + 0.5)
+    before = EngineContext("none", running_max=8, cold_starts=(warming,))
+    during = EngineContext("none", cold_starts=(ColdStartSpan("readiness_lost", START + 0.5, None),))
+    assert _causes(_facts(), before)[0] == "cold_start"
+    assert _causes(_facts(outcome="upstream_error", http_status=502), during)[:2] == ["upstream_error",
+                                                                                      "upstream_restart"]
+    assert _causes(_facts(), EngineContext("none", cold_starts=(ColdStartSpan("x", START - 60, START - 50),))) \
+        == ["none"]
+
+
+def test_parts_add_up_when_a_slow_client_held_the_stream() -> None:
+    """The client's wait after vLLM finished is client_slow_read, and the parts still add up to the e2e."""
+    facts = _facts(e2e_ms=2000.0, client_wait_ms=900.0)
+    explanation = explain(facts)
+    phases = {p["name"]: p["ms"] for p in explanation["phases"]}
+    assert phases["client_slow_read"] == pytest.approx(900.0)
+    assert sum(phases.values()) == pytest.approx(2000.0)
+    assert explanation["causes"][0]["cause"] == "client_slow_read"
+
+
+def test_without_the_plugin_the_time_to_first_token_is_one_unsplit_part() -> None:
+    """No engine numbers: vllm_until_first_token, split false, then generation; they add up to the e2e."""
+    phases = explain(_facts(engine=None))["phases"]
+    assert [p["name"] for p in phases] == ["sidecar", "connect", "vllm_until_first_token", "generation",
+                                           "client_slow_read"]
+    assert [p["split"] for p in phases][2] is False
+    assert sum(p["ms"] for p in phases) == pytest.approx(1000.0)

@@ -1,0 +1,173 @@
+"""``/admin/requests``: requests finished by the real proxy, kept in the ring, explained when asked.
+
+A fake OpenAI upstream answers; a UDP socket plays vLLM's stat-logger plugin (the wire format of
+exporters.engine_stats_wire). Each request's own record, as the proxy finished it, is the truth the
+explanation's parts must add up to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
+from exporters.records import RequestRecord
+from serving import config as cfg
+from serving.app import OBSERVERS, build_app
+from serving.explain import RequestRing
+from tests.fakes.openai_upstream import FakeOpenAI
+
+TOKEN_DELAY_S = 0.05
+TOKENS = 6
+
+
+def _trace(i: int) -> str:
+    return f"{i:032x}"
+
+
+class Setup:
+    def __init__(self, client: TestClient, finished: dict[str, RequestRecord], plugin_port: int) -> None:
+        self.client = client
+        self.finished = finished
+        self.plugin = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.plugin_address = ("127.0.0.1", plugin_port)
+
+    def send_engine(self, trace_id: str, queued_s: float, prefill_s: float, decode_s: float, preemptions: int,
+                    step: EngineStepStats) -> None:
+        stats = EngineRequestStats(f"cmpl-{trace_id}-0-1a2b3c4d", queued_s, prefill_s, decode_s,
+                                   prefill_s + decode_s, queued_s + prefill_s + decode_s, preemptions, 0, 7, TOKENS,
+                                   "length")
+        for datagram in encode(step, [stats]):
+            self.plugin.sendto(datagram, self.plugin_address)
+
+    async def request(self, trace_id: str, *, stream: bool = True, model: str = "fake-model") -> None:
+        response = await self.client.post(
+            "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": TOKENS, "stream": stream},
+            headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
+        await response.read()
+
+    async def explain(self, trace_id: str) -> tuple[int, dict[str, Any]]:
+        response = await self.client.get(f"/admin/requests/{trace_id}")
+        return response.status, await response.json()
+
+
+async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
+                 aiohttp_client: Callable[..., Awaitable[TestClient]], **serve: Any) -> Setup:
+    upstream = await aiohttp_server(FakeOpenAI(token_delay_s=TOKEN_DELAY_S).app())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"),
+                           engine_stats_listen=f"udp://127.0.0.1:{port}", engine_stats_wait_ms=2000.0, **serve)
+    settings = cfg.replace(settings, "scrape", enabled=False)
+    app = build_app(settings)
+    finished: dict[str, RequestRecord] = {}
+    app[OBSERVERS].append(lambda record, _span: finished.__setitem__(record.trace_id, record))
+    return Setup(await aiohttp_client(app), finished, port)
+
+
+@pytest.fixture(name="setup")
+async def _fixture(aiohttp_server: Callable[..., Awaitable[TestServer]],
+                   aiohttp_client: Callable[..., Awaitable[TestClient]]) -> AsyncIterator[Setup]:
+    setup = await _setup(aiohttp_server, aiohttp_client)
+    yield setup
+    setup.plugin.close()
+
+
+async def test_plain_request_is_none_and_its_parts_add_up_to_its_e2e(setup: Setup) -> None:
+    """A lone stream without vLLM's numbers: cause none, and the parts add up to the e2e the proxy measured,
+    the time to the first token unsplit."""
+    trace_id = _trace(1)
+    await setup.request(trace_id)
+    status, explanation = await setup.explain(trace_id)
+    assert status == 200
+    record = setup.finished[trace_id]
+    assert explanation["e2e_ms"] == pytest.approx(record.e2e_s * 1000, abs=0.051)  # type: ignore[operator]
+    assert sum(p["ms"] for p in explanation["phases"]) == pytest.approx(explanation["e2e_ms"], abs=0.5)
+    phases = {p["name"]: p for p in explanation["phases"]}
+    assert phases["vllm_until_first_token"]["split"] is False
+    assert phases["generation"]["ms"] >= (TOKENS - 1) * TOKEN_DELAY_S * 1000 * 0.9
+    assert [c["cause"] for c in explanation["causes"]] == ["none"]
+    assert explanation["engine_numbers"] is False
+
+
+async def test_engine_phases_split_the_time_and_preemption_is_the_cause(setup: Setup) -> None:
+    """With vLLM's numbers joined, the parts are the sidecar's, vLLM's front end and the engine's phases as
+    the plugin sent them, adding up to the e2e; a preempted request's first cause is preempted with its count."""
+    trace_id = _trace(2)
+    step = EngineStepStats(0.97, 3, 2, 0, 0)
+    setup.send_engine(_trace(99), 0.0, 0.0, 0.0, 0, step)  # the plugin is alive: the join will wait for ours
+    decode_s = (TOKENS - 2) * TOKEN_DELAY_S
+    await setup.request(trace_id)
+    setup.send_engine(trace_id, 0.001, 0.002, decode_s, 2, step)
+    for _ in range(100):
+        if trace_id in setup.finished:
+            break
+        await asyncio.sleep(0.02)
+    status, explanation = await setup.explain(trace_id)
+    assert status == 200
+    phases = {p["name"]: p["ms"] for p in explanation["phases"]}
+    assert list(phases) == ["sidecar", "connect", "vllm_front_end", "engine_queue", "prefill", "decode",
+                            "client_slow_read"]
+    assert phases["decode"] == pytest.approx(decode_s * 1000, abs=0.051)
+    assert sum(phases.values()) == pytest.approx(explanation["e2e_ms"], abs=0.5)
+    record = setup.finished[trace_id]
+    assert phases["sidecar"] + phases["connect"] == pytest.approx(record.upstream_sent_s * 1000, abs=0.1)  # type: ignore[operator]
+    top = explanation["causes"][0]
+    assert top["cause"] == "preempted"
+    assert top["evidence"]["preemptions"] == 2
+    assert explanation["context"]["source"] == "plugin_steps"
+    assert explanation["context"]["kv_usage_max"] == 0.97
+
+
+async def test_ring_forgets_the_oldest_and_says_so(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]]
+) -> None:
+    """With serve.explain_ring_size 2, the first of three requests is gone: 404 naming the ring."""
+    setup = await _setup(aiohttp_server, aiohttp_client, explain_ring_size=2)
+    for i in (1, 2, 3):
+        await setup.request(_trace(i), stream=False)
+    status, body = await setup.explain(_trace(1))
+    assert status == 404
+    assert "serve.explain_ring_size" in body["error"]["message"]
+    assert [(await setup.explain(_trace(i)))[0] for i in (2, 3)] == [200, 200]
+    setup.plugin.close()
+
+
+async def test_slowest_lists_by_e2e_with_a_reason_each(setup: Setup) -> None:
+    """?slowest=2 gives the two slowest requests, slowest first, each with its cause and reason."""
+    await setup.request(_trace(1), model="slow")
+    await setup.request(_trace(2), stream=False)
+    await setup.request(_trace(3), model="fail")
+    response = await setup.client.get("/admin/requests", params={"slowest": "2", "since": "5m"})
+    body = await response.json()
+    rows = body["requests"]
+    expected = sorted(setup.finished.values(), key=lambda r: r.e2e_s or 0.0, reverse=True)[:2]
+    assert [row["trace_id"] for row in rows] == [r.trace_id for r in expected]
+    assert all(row["reason"] and row["cause"] for row in rows)
+    failed = (await setup.explain(_trace(3)))[1]
+    assert failed["causes"][0]["cause"] == "upstream_error"
+
+
+@pytest.mark.parametrize("query", ["slowest=x", "slowest=0", "since=yesterday"])
+async def test_slowest_refuses_bad_parameters(setup: Setup, query: str) -> None:
+    """A malformed count or duration is a 400 naming it."""
+    response = await setup.client.get(f"/admin/requests?{query}")
+    assert response.status == 400
+    assert (await response.json())["error"]["message"]
+
+
+def test_ring_keeps_the_latest_record_of_a_reused_trace_id() -> None:
+    """A trace id seen twice finds its latest record; the older one leaving the ring does not unindex it."""
+    ring = RequestRing(2)
+    first, second = (RequestRecord(trace_id="a" * 32, span_id=s, route="r") for s in ("1", "2"))
+    ring.add(first)
+    ring.add(second)
+    ring.add(RequestRecord(trace_id="b" * 32, span_id="3", route="r"))
+    assert ring.get("a" * 32) is second
+    assert len(ring) == 2
