@@ -19,8 +19,8 @@ to it:
   ``serve.client_header_timeout_s`` of its start or its previous answer is closed;
 - head limits: a request line or header field over 8,190 bytes, over 128 header fields, or a
   head over ``MAX_HEAD_BYTES`` still coming in, is refused with 414 or 431, malformed HTTP with
-  400; what the client still sends is read and dropped for ``LINGER_S`` (so it reads the answer,
-  not a reset), and the connection closed;
+  400 (the sidecar's JSON error, with a new trace id); what the client still sends is read and
+  dropped for ``LINGER_S`` (so it reads the answer, not a reset), and the connection closed;
 - ``Expect: 100-continue`` is answered when the proxy starts reading the body;
 - a client that goes away cancels its request's task (the proxy then drops the upstream request).
 
@@ -44,6 +44,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from serving.errors import error_body, request_trace_id
 from serving.exchange import BodyTooLargeError, ProxyHandler
 
 log = structlog.get_logger(__name__)
@@ -66,6 +67,9 @@ LINGER_S = 2.0
 """How long a refused client's further bytes are read and dropped before the close (so it gets the answer,
 not a reset: closing a socket with unread data resets the connection)."""
 _REFRAMED = frozenset({"content-length", "transfer-encoding", "expect"})
+_REFUSAL_KINDS = {400: "malformed_request", 413: "request_too_large", 414: "request_target_too_long",
+                  431: "request_head_too_large"}
+"""``error.type`` of the front's own refusals of a request head (the proxy's error shape, serving/errors.py)."""
 
 
 class HeadRefusedError(Exception):
@@ -436,7 +440,10 @@ class FrontConnection(asyncio.Protocol):
             log.exception("front_handler_failed", path=request.path)
             if not request.answered:
                 request.keep_alive = False
-                request.respond(500, {"Content-Type": "text/plain"}, b"500 Internal Server Error")
+                trace_id = request_trace_id(request.headers.get("traceparent"))
+                request.respond(500, {"Content-Type": "application/json", "x-trace-id": trace_id},
+                                error_body("the sidecar failed on this request", "sidecar_error", 500,
+                                           trace_id=trace_id))
                 return
         if not request.answered:
             self._close()
@@ -482,8 +489,9 @@ class FrontConnection(asyncio.Protocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer a head the front cannot take (after the answers before it), then close."""
         self._stop_reading()
-        body = f"{status} {_REASONS.get(status, '')}: {message}".encode()
-        answer = _head(status, {"Content-Type": "text/plain; charset=utf-8"},
+        trace_id = request_trace_id(None)  # the head was not taken: no traceparent to join
+        body = error_body(message, _REFUSAL_KINDS.get(status, "invalid_request_error"), status, trace_id=trace_id)
+        answer = _head(status, {"Content-Type": "application/json", "x-trace-id": trace_id},
                        f"Content-Length: {len(body)}\r\nConnection: close\r\n") + body
         self._over_pending = False
         proxying = bool(self._queue) and self._queue[0].path.startswith(FRONT_PREFIX)

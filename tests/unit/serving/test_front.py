@@ -205,11 +205,16 @@ async def test_the_sidecar_answers_a_post_to_another_path_after_v1_with_its_body
 async def test_heads_over_the_limits_are_refused_and_the_connection_closed(
     sidecar: Sidecar, request_bytes: bytes, status: int
 ) -> None:
+    """The refusal is the sidecar's JSON error (the shape every /v1 error has) with a trace id, then the close."""
     reader, writer = await connect(sidecar)
     writer.write(request_bytes)
     answer = await read_answer(reader)
     assert answer.status == status
     assert answer.headers["connection"] == "close"
+    error = json.loads(answer.body)["error"]
+    assert (set(error), error["code"]) == ({"message", "type", "code", "trace_id"}, status)
+    assert error["trace_id"] == answer.headers["x-trace-id"]
+    assert len(error["trace_id"]) == 32
     assert await closed(reader)
     writer.close()
 
@@ -355,6 +360,31 @@ async def test_each_request_runs_in_a_context_of_its_own() -> None:
             assert (await read_answer(reader)).body == b"ok"
         writer.close()
         assert seen == [None, None, None]
+    finally:
+        await front.shutdown(1.0)
+        await runner.cleanup()
+
+
+async def test_a_handler_that_fails_still_answers_the_json_error_with_the_callers_trace_id() -> None:
+    """A bug in the proxy must not leave the client hanging nor answer plain text: a JSON 500 naming a trace id,
+    the caller's traceparent's when it sent one."""
+
+    async def handler(_request: Exchange) -> None:
+        raise RuntimeError("a bug")
+
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    front = Front(handler, header_timeout_s=5.0, max_body_bytes=1000)
+    port = await front.listen(runner, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(get("/v1/a", "traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"))
+        answer = await read_answer(reader)
+        writer.close()
+        assert answer.status == 500
+        error = json.loads(answer.body)["error"]
+        assert (error["code"], error["trace_id"]) == (500, "4bf92f3577b34da6a3ce929d0e0e4736")
+        assert answer.headers["x-trace-id"] == error["trace_id"]
     finally:
         await front.shutdown(1.0)
         await runner.cleanup()
