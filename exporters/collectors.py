@@ -21,6 +21,7 @@ from exporters.catalog import engine as ce
 from exporters.catalog import gpu as cg
 from exporters.catalog import process as cp
 from exporters.catalog.spec import MetricSpec
+from exporters.engine_stats_wire import EngineStepStats
 from exporters.inflight import InFlightTokens
 from exporters.nvml import GpuSnapshot
 from exporters.process_health import ProcessSnapshot, gpu_memory_of
@@ -96,12 +97,12 @@ class EngineCollector(Collector):
 
     def __init__(
         self, state: Callable[[], EngineState], inflight: InFlightTokens | None = None,
-        measured_kv_usage: Callable[[], float | None] | None = None,
+        engine_step: Callable[[], EngineStepStats | None] | None = None,
     ) -> None:
         self._state = state
         self._inflight = inflight
-        self._measured_kv_usage = measured_kv_usage
-        """vLLM's exact KV usage after its latest step (the stat-logger plugin), when fresh."""
+        self._engine_step = engine_step
+        """The scheduler state after vLLM's latest step (the stat-logger plugin), while the plugin is heard."""
 
     def collect(self) -> Iterator[Metric]:
         """Build the families from the latest state."""
@@ -214,9 +215,12 @@ class EngineCollector(Collector):
     def _fragmentation(
         self, views: list[derive.ModelView], fresh: bool, generation: str | None
     ) -> Iterator[Metric]:
-        """``fresh``: the latest scrape of the upstream succeeded. After a failed one its running counts are
-        stale (a 0 from before a burst would hide every request in flight), so none is used: the requests
-        that fit in the blocks vLLM has (a static figure, from the last scrape that gave it) are counted."""
+        """With the stat-logger plugin heard (one served model, one engine), the blocks are vLLM's own, after its
+        latest step, and its running count picks the running requests whose tokens are counted. Without it,
+        an estimate. ``fresh``: the latest scrape of the upstream succeeded. After a failed one its running
+        counts are stale (a 0 from before a burst would hide every request in flight), so none is used: the
+        requests that fit in the blocks vLLM has (a static figure, from the last scrape that gave it) are
+        counted."""
         tokens, blocks, ratio = _gauge(ce.KV_INFLIGHT_TOKENS), _gauge(ce.KV_INFLIGHT_BLOCKS), \
             _gauge(ce.KV_FRAGMENTATION)
         sizes = {v.model: v.block_size for v in views if v.block_size}
@@ -226,29 +230,36 @@ class EngineCollector(Collector):
             for v in views if v.blocks_total is not None
         }
         measured = self._measured_used_blocks(views)
-        if self._inflight is not None and sizes:
-            entries = self._inflight.snapshot()
-            default = next(iter(sizes.values())) if len(set(sizes.values())) == 1 else None
-            for model in sorted({e.model for e in entries}):
-                size = sizes.get(model, default)
-                held = derive.running_entries(
-                    [e for e in entries if e.model == model], running.get(model), size, usable.get(model)
-                )
-                for frag in derive.fragmentation(held, size, measured.get(model)):
-                    tokens.add_metric([frag.model], frag.tokens)
-                    blocks.add_metric([frag.model], frag.blocks)
-                    if frag.ratio is not None:
-                        ratio.add_metric([frag.model], frag.ratio)
+        running.update({model: step_running for model, (_, step_running) in measured.items()})
+        entries = self._inflight.snapshot() if self._inflight is not None else []
+        default = next(iter(sizes.values())) if len(set(sizes.values())) == 1 else None
+        for model in sorted({e.model for e in entries} | measured.keys()):
+            size = sizes.get(model, default)
+            held = derive.running_entries(
+                [e for e in entries if e.model == model], running.get(model), size, usable.get(model)
+            )
+            used = measured[model][0] if model in measured else None
+            frag = next(iter(derive.fragmentation(held, size, used)), None)
+            if used is not None:
+                blocks.add_metric([model], used)
+                if self._inflight is not None:
+                    tokens.add_metric([model], frag.tokens if frag is not None else 0)
+            elif frag is not None:
+                blocks.add_metric([model], frag.blocks)
+                tokens.add_metric([model], frag.tokens)
+            if frag is not None and frag.ratio is not None:
+                ratio.add_metric([model], frag.ratio)
         yield from (tokens, blocks, ratio)
 
-
-    def _measured_used_blocks(self, views: list[derive.ModelView]) -> dict[str, float]:
-        """Blocks in use by vLLM's own latest step (one served model, one engine: what the plugin reports)."""
-        usage = self._measured_kv_usage() if self._measured_kv_usage is not None else None
-        if usage is None or len(views) != 1 or views[0].engines != 1 or views[0].blocks_total is None:
+    def _measured_used_blocks(self, views: list[derive.ModelView]) -> dict[str, tuple[float, int]]:
+        """``{model: (blocks in use, requests running)}`` after vLLM's latest step, while the plugin is heard
+        (one served model, one engine: what the plugin reports)."""
+        step = self._engine_step() if self._engine_step is not None else None
+        if step is None or len(views) != 1 or views[0].engines != 1 or views[0].blocks_total is None:
             return {}
         view = views[0]
-        return {view.model: usage * derive.usable_blocks(view.blocks_total, "v1_engine")}
+        return {view.model: (step.kv_cache_usage * derive.usable_blocks(view.blocks_total, "v1_engine"),
+                             step.running)}
 
 
 class GpuCollector(Collector):

@@ -8,7 +8,9 @@ is idle unless ``INFERWATCH_ENGINE_STATS`` names the sidecar's listener, e.g.
 get every datagram: a second sidecar, a debugging listener). Then, for each step with
 news, it sends the scheduler's state and the requests that finished (queue, prefill and decode
 time, preemptions, cached prompt tokens; see :mod:`exporters.engine_stats_wire`) as non-blocking
-UDP datagrams. Nothing here may slow or break vLLM's loop: a datagram that cannot be sent right
+UDP datagrams, and while vLLM is idle it repeats the latest state each time vLLM logs its stats
+(every 10 s, :meth:`InferwatchStatLogger.log`), so that the sidecar can tell an idle engine from an
+absent plugin. Nothing here may slow or break vLLM's loop: a datagram that cannot be sent right
 now is dropped and counted (the count travels in the next datagram), and any error is swallowed
 and counted the same way. Imports: the standard library, vLLM and the wire format.
 """
@@ -65,6 +67,8 @@ class InferwatchStatLogger(StatLoggerBase):
         self.dropped = 0
         self.sent = 0
         self._last_step = 0.0
+        self._latest: Any = None
+        """vLLM's latest scheduler stats, sent or not (what :meth:`log` repeats)."""
         self._socket: socket.socket | None = None
         self._addresses: list[Any] = []
         value = os.environ.get(ENV, "").strip()
@@ -94,28 +98,44 @@ class InferwatchStatLogger(StatLoggerBase):
             return
         try:
             finished = iteration_stats.finished_requests if iteration_stats is not None else ()
+            if scheduler_stats is not None:
+                self._latest = scheduler_stats
             now = time.monotonic()
             if not finished and (scheduler_stats is None or now - self._last_step < STEP_INTERVAL_S):
                 return
             step = None
             if scheduler_stats is not None:
                 self._last_step = now
-                step = EngineStepStats(
-                    scheduler_stats.kv_cache_usage, scheduler_stats.num_running_reqs,
-                    scheduler_stats.num_waiting_reqs, getattr(scheduler_stats, "num_skipped_waiting_reqs", 0),
-                    self.dropped,
-                )
+                step = self._step(scheduler_stats)
             for datagram in encode(step, [_request(r) for r in finished]):
                 self._send(datagram)
         except Exception:  # vLLM's loop must never see an error of ours
             self.dropped += 1
+
+    def log(self) -> None:
+        """vLLM's periodic stats log (every 10 s, idle or not): send the latest scheduler state again, the
+        sidecar's sign that the plugin is alive while vLLM does not step."""
+        if self._socket is None:
+            return
+        try:
+            step = self._step(self._latest) if self._latest is not None else None
+            for datagram in encode(step, ()):
+                self._send(datagram)
+        except Exception:  # as in record()
+            self.dropped += 1
+
+    def _step(self, scheduler_stats: Any) -> EngineStepStats:
+        return EngineStepStats(
+            scheduler_stats.kv_cache_usage, scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
+            getattr(scheduler_stats, "num_skipped_waiting_reqs", 0), self.dropped,
+        )
 
     def _send(self, datagram: bytes) -> None:
         for address in self._addresses:
             try:
                 self._socket.sendto(datagram, address)  # type: ignore[union-attr]
                 self.sent += 1
-            except OSError:  # buffer full (BlockingIOError), nobody listening (ECONNREFUSED), ...
+            except OSError:  # a full buffer (BlockingIOError), a refused destination (EACCES, ENETUNREACH), ...
                 self.dropped += 1
 
     def log_engine_initialized(self) -> None:

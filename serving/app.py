@@ -179,7 +179,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.cleanup_ctx.append(engine_watch_ctx(
         settings, registry, session, app[INFLIGHT], readiness=lambda: readiness.last_ok,
         readiness_lost=lambda: readiness.lost,
-        measured_kv_usage=engine_stats.fresh_kv_usage if engine_stats is not None else None,
+        engine_step=engine_stats.current_step if engine_stats is not None else None,
     ))
     app.cleanup_ctx.append(rule_engine_ctx(
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),

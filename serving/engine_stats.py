@@ -11,6 +11,11 @@ right after queueing its output). When it has not, :meth:`EngineStatsJoin.finish
 request's observers (metrics, log record, span end) until it does, or for at most
 ``serve.engine_stats_wait_ms``, with a timer on the loop: the client's answer is never delayed, and
 nothing waits while the plugin is silent (no datagram for :data:`PLUGIN_SILENT_AFTER_S`).
+
+While the plugin is heard, its latest scheduler state (KV usage, requests running and waiting) is on
+``/metrics`` and feeds the KV in-flight blocks and fragmentation; while it is silent (not installed,
+``INFERWATCH_ENGINE_STATS`` pointing elsewhere, vLLM down) ``inferwatch_engine_stats_plugin_up`` is 0,
+those families are left out rather than shown at 0, and the log says so once.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import structlog
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from exporters.catalog import request as cat
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, decode
@@ -33,10 +40,11 @@ from serving.proxy import GENERATION_ROUTES
 log = structlog.get_logger(__name__)
 
 PLUGIN_SILENT_AFTER_S = 30.0
-"""With no datagram for this long the plugin counts as absent, and no request waits for it."""
-STEP_FRESH_S = 2.0
-"""The plugin's latest scheduler state counts as current for this long (it sends one at least every 0.1 s
-while vLLM steps; an idle engine does not step)."""
+"""With no datagram for this long the plugin counts as absent: no request waits for it, and its scheduler
+state is no longer current. It sends one at least every 0.1 s while vLLM steps, and repeats the latest
+every 10 s while vLLM idles (vLLM's stats log interval)."""
+SILENCE_CHECK_S = 5.0
+"""How often the listener checks whether the plugin went silent (for the log line that says so)."""
 MAX_UNCLAIMED = 4096
 """Engine records kept for requests the proxy has not finished yet (oldest dropped first)."""
 STEPS_KEPT = 6000
@@ -64,8 +72,34 @@ class EngineSteps:
         return before + inside
 
 
+class PluginStateCollector(Collector):
+    """Whether the plugin is heard and, only while it is, the scheduler state and drop count it last sent."""
+
+    def __init__(self, current: Callable[[], EngineStepStats | None], heard: Callable[[], bool]) -> None:
+        self._current = current
+        self._heard = heard
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the families (no I/O)."""
+        up = GaugeMetricFamily(cat.ENGINE_STATS_PLUGIN_UP.name, cat.ENGINE_STATS_PLUGIN_UP.help)
+        up.add_metric([], 1.0 if self._heard() else 0.0)
+        yield up
+        step = self._current()
+        if step is None:
+            return
+        dropped = GaugeMetricFamily(cat.ENGINE_STATS_PLUGIN_DROPPED.name, cat.ENGINE_STATS_PLUGIN_DROPPED.help)
+        dropped.add_metric([], step.dropped)
+        usage = GaugeMetricFamily(cat.ENGINE_PLUGIN_KV_CACHE_USAGE.name, cat.ENGINE_PLUGIN_KV_CACHE_USAGE.help)
+        usage.add_metric([], step.kv_cache_usage)
+        spec = cat.ENGINE_PLUGIN_REQUESTS
+        requests = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+        for state, value in (("running", step.running), ("waiting", step.waiting), ("deferred", step.deferred)):
+            requests.add_metric([state], value)
+        yield from (dropped, usage, requests)
+
+
 class EngineStatsMetrics:
-    """Datagrams and records received, joins made and missed, and the plugin's own state."""
+    """Datagrams and records received, joins made and missed."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         spec = cat.ENGINE_STATS_RECORDS
@@ -74,21 +108,6 @@ class EngineStatsMetrics:
         spec = cat.ENGINE_STATS_JOINS
         joins = Counter(spec.name, spec.help, spec.labels, registry=registry)
         self.joins = {result: joins.labels(result) for result in ("joined", "missed")}
-        self.plugin_dropped = Gauge(cat.ENGINE_STATS_PLUGIN_DROPPED.name, cat.ENGINE_STATS_PLUGIN_DROPPED.help,
-                                    registry=registry)
-        self.kv_usage = Gauge(cat.ENGINE_PLUGIN_KV_CACHE_USAGE.name, cat.ENGINE_PLUGIN_KV_CACHE_USAGE.help,
-                              registry=registry)
-        spec = cat.ENGINE_PLUGIN_REQUESTS
-        requests = Gauge(spec.name, spec.help, spec.labels, registry=registry)
-        self.requests = {state: requests.labels(state) for state in ("running", "waiting", "deferred")}
-
-    def step(self, step: EngineStepStats) -> None:
-        """Publish the scheduler state of the latest step."""
-        self.kv_usage.set(step.kv_cache_usage)
-        self.requests["running"].set(step.running)
-        self.requests["waiting"].set(step.waiting)
-        self.requests["deferred"].set(step.deferred)
-        self.plugin_dropped.set(step.dropped)
 
 
 class EngineStatsJoin(asyncio.DatagramProtocol):
@@ -96,19 +115,32 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
 
     def __init__(self, registry: CollectorRegistry, wait_s: float) -> None:
         self.metrics = EngineStatsMetrics(registry)
+        registry.register(PluginStateCollector(self.current_step, self.plugin_heard))
         self.wait_s = wait_s
         self.last_heard = float("-inf")
+        self._said_silent = False
         self.latest_step: EngineStepStats | None = None
         self.steps = EngineSteps()
         """The recent steps, for the context of explanations."""
         self._unclaimed: OrderedDict[str, EngineRequestStats] = OrderedDict()
         self._waiting: dict[str, tuple[RequestRecord, Callable[[], None], asyncio.TimerHandle]] = {}
 
-    def fresh_kv_usage(self) -> float | None:
-        """vLLM's KV usage after its latest step, while the plugin speaks (None after 2 s of silence)."""
-        if self.latest_step is None or time.monotonic() - self.last_heard > STEP_FRESH_S:
-            return None
-        return self.latest_step.kv_cache_usage
+    def plugin_heard(self) -> bool:
+        """Whether a datagram came within :data:`PLUGIN_SILENT_AFTER_S`."""
+        return time.monotonic() - self.last_heard < PLUGIN_SILENT_AFTER_S
+
+    def current_step(self) -> EngineStepStats | None:
+        """The scheduler state after vLLM's latest step, while the plugin is heard; None while it is silent."""
+        return self.latest_step if self.plugin_heard() else None
+
+    def check_silence(self) -> None:
+        """Log once when the plugin is (or went) silent: the KV in-flight figures are estimates from then on."""
+        if not self.plugin_heard() and not self._said_silent:
+            self._said_silent = True
+            log.warning("engine_stats_plugin_silent", silent_for_s=PLUGIN_SILENT_AFTER_S,
+                        hint="is inferwatch[vllm-plugin] installed in vLLM's environment, with "
+                             "INFERWATCH_ENGINE_STATS naming this listener? KV in-flight blocks and fragmentation "
+                             "are the sidecar's estimate until it is heard")
 
     # ---- the plugin's side
 
@@ -120,12 +152,14 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
             self.metrics.records["invalid"].inc()
             log.warning("engine_stats_datagram_invalid", problem=str(err), sender=str(addr))
             return
+        if self._said_silent:
+            self._said_silent = False
+            log.info("engine_stats_plugin_heard", sender=str(addr))
         self.last_heard = time.monotonic()
         if step is not None:
             self.metrics.records["step"].inc()
             self.latest_step = step
             self.steps.add(step)
-            self.metrics.step(step)
         for stats in requests:
             self.metrics.records["request"].inc()
             trace_id = stats.trace_id
@@ -189,8 +223,16 @@ def listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+async def _check_silence(join: EngineStatsJoin) -> None:
+    await asyncio.sleep(PLUGIN_SILENT_AFTER_S)  # the plugin's first datagram may take this long (an idle vLLM)
+    while True:
+        join.check_silence()
+        await asyncio.sleep(SILENCE_CHECK_S)
+
+
 def engine_stats_ctx(join: EngineStatsJoin, listen: str) -> Callable[[web.Application], AsyncIterator[None]]:
-    """Cleanup context: bind the UDP listener for the app's lifetime; at shutdown finish what waits."""
+    """Cleanup context: bind the UDP listener for the app's lifetime, and say when the plugin is not heard (after
+    :data:`PLUGIN_SILENT_AFTER_S`); at shutdown finish what waits."""
 
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         host, port = listen_address(listen)
@@ -198,9 +240,11 @@ def engine_stats_ctx(join: EngineStatsJoin, listen: str) -> Callable[[web.Applic
             lambda: join, local_addr=(host, port)
         )
         log.info("engine_stats_listening", address=f"udp://{host}:{port}")
+        watch = asyncio.create_task(_check_silence(join))
         try:
             yield
         finally:
+            watch.cancel()
             transport.close()
             join.flush()
 

@@ -46,6 +46,7 @@ from exporters.collectors import (
     SampledHistogram,
     register_collectors,
 )
+from exporters.engine_stats_wire import EngineStepStats
 from exporters.errors import NvmlUnavailable
 from exporters.inflight import InFlightTokens
 from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher, load_pynvml
@@ -79,14 +80,14 @@ class EngineWatch:
         readiness: Callable[[], bool | None] | None = None,
         readiness_lost: Callable[[], bool] | None = None,
         session_getter: Callable[[], aiohttp.ClientSession] | None = None,
-        measured_kv_usage: Callable[[], float | None] | None = None,
+        engine_step: Callable[[], EngineStepStats | None] | None = None,
     ) -> None:
         """``readiness``: the last readiness probe's outcome (None before one); ``readiness_lost``: whether the
         last probe with an outcome found the upstream not ready (``Readiness.lost``), which takes the engine
         series out at once."""
         self.settings = settings
         self.inflight = inflight
-        self.measured_kv_usage = measured_kv_usage
+        self.engine_step = engine_step
         self.upstream = settings.serve.upstream.rstrip("/")
         self.url = self.upstream + settings.scrape.path
         self.latest_text: str | None = None
@@ -116,7 +117,7 @@ class EngineWatch:
         """Register the engine, GPU and process collectors on the sidecar's registry."""
         collectors: list[Any] = []
         if self.settings.scrape.enabled:
-            collectors.append(EngineCollector(self.published_state, self.inflight, self.measured_kv_usage))
+            collectors.append(EngineCollector(self.published_state, self.inflight, self.engine_step))
         if self.settings.gpu.enabled:
             collectors.append(GpuCollector(lambda: self.gpu, lambda: self.gpu_available))
         # The OOM and restart counters exist even when no process is watched: OOMs are also read
@@ -330,14 +331,14 @@ def engine_watch_ctx(
     readiness: Callable[[], bool | None] | None = None,
     readiness_lost: Callable[[], bool] | None = None,
     nvml_module: Any = None,
-    measured_kv_usage: Callable[[], float | None] | None = None,
+    engine_step: Callable[[], EngineStepStats | None] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory: builds, registers, starts and finally stops an EngineWatch."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         watch = EngineWatch(
             settings, inflight, nvml_module=nvml_module, readiness=readiness, readiness_lost=readiness_lost,
-            session_getter=session_getter, measured_kv_usage=measured_kv_usage,
+            session_getter=session_getter, engine_step=engine_step,
         )
         watch.register(registry)
         app[ENGINE_WATCH] = watch

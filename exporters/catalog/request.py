@@ -121,25 +121,34 @@ ENGINE_STATS_JOINS = MetricSpec(
     "within serve.engine_stats_wait_ms (missed).",
     ("result",),
 )
+ENGINE_STATS_PLUGIN_UP = MetricSpec(
+    "inferwatch_engine_stats_plugin_up", MetricType.GAUGE,
+    "1 while vLLM's stat-logger plugin is heard on serve.engine_stats_listen (a datagram in the last 30 s: it "
+    "sends at least every 0.1 s while vLLM steps and every 10 s while it idles), 0 while it is silent (not "
+    "installed, INFERWATCH_ENGINE_STATS naming another address, vLLM down). While 0 the plugin's families are "
+    "absent, not 0, and the KV in-flight blocks and fragmentation are the sidecar's estimate.",
+)
 ENGINE_STATS_PLUGIN_DROPPED = MetricSpec(
     "inferwatch_engine_stats_plugin_dropped", MetricType.GAUGE,
     "Datagrams the stat-logger plugin could not send since vLLM started, as it last reported (it never blocks "
-    "vLLM's loop: a full socket buffer drops).",
+    "vLLM's loop: a full socket buffer or a refused destination drops). Absent while the plugin is silent.",
 )
 ENGINE_PLUGIN_KV_CACHE_USAGE = MetricSpec(
     "inferwatch_engine_plugin_kv_cache_usage_ratio", MetricType.GAUGE,
-    "vLLM's KV-cache usage after its latest step, exactly as its scheduler reports it (from the plugin).",
+    "vLLM's KV-cache usage after its latest step, exactly as its scheduler reports it (from the plugin). "
+    "Absent while the plugin is silent.",
     unit="ratio",
 )
 ENGINE_PLUGIN_REQUESTS = MetricSpec(
     "inferwatch_engine_plugin_requests", MetricType.GAUGE,
     "Requests in vLLM's scheduler after its latest step, by state: running, waiting (for capacity), deferred "
-    "(waiting on a transient constraint), from the plugin.",
+    "(waiting on a transient constraint), from the plugin. Absent while the plugin is silent.",
     ("state",),
 )
 ENGINE_SPECS: tuple[MetricSpec, ...] = (
     ENGINE_QUEUE_SECONDS, ENGINE_PREFILL_SECONDS, ENGINE_DECODE_SECONDS, ENGINE_PREEMPTIONS_PER_REQUEST,
-    ENGINE_CACHED_PROMPT_RATIO, ENGINE_STATS_RECORDS, ENGINE_STATS_JOINS, ENGINE_STATS_PLUGIN_DROPPED,
+    ENGINE_CACHED_PROMPT_RATIO, ENGINE_STATS_RECORDS, ENGINE_STATS_JOINS, ENGINE_STATS_PLUGIN_UP,
+    ENGINE_STATS_PLUGIN_DROPPED,
     ENGINE_PLUGIN_KV_CACHE_USAGE, ENGINE_PLUGIN_REQUESTS,
 )
 

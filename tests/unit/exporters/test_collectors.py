@@ -18,6 +18,7 @@ from exporters.collectors import (
     SampledHistogram,
     register_collectors,
 )
+from exporters.engine_stats_wire import EngineStepStats
 from exporters.inflight import InFlightTokens
 from exporters.nvml import NvmlReader
 from exporters.vllm_parse import parse_exposition
@@ -150,3 +151,23 @@ def test_gpu_collector_without_nvml_only_says_so() -> None:
     registry = CollectorRegistry()
     register_collectors(registry, GpuCollector(lambda: None, lambda: False))
     assert _samples(registry) == {(cg.GPU_EXPORTER_UP.name, ()): 0.0}
+
+
+def test_with_the_plugin_heard_the_blocks_and_running_requests_are_vllms_own() -> None:
+    """The scrape (seconds old) says 2 running and 31 blocks; vLLM's latest step, from the plugin, says 1
+    running and a usage of 0.75 of the 64 usable blocks (a preemption since). The in-flight blocks are
+    vLLM's 48, the running request is the stream receiving tokens (not the older one, preempted), and the
+    fragmentation divides its 300 tokens by those 48 blocks."""
+    snap = parse_exposition((DATA / "vllm_v1_engine_0.32.prom").read_text())
+    inflight = InFlightTokens()
+    inflight.update("preempted", "tiny-llm", 1200)
+    stream = SimpleNamespace(content_events=0, last_content_ns=time.perf_counter_ns())
+    inflight.track("running", "tiny-llm", 300, stream)
+    step = EngineStepStats(0.75, 1, 1, 0, 0)
+    registry = CollectorRegistry()
+    register_collectors(registry, EngineCollector(lambda: EngineState("u", snap, up=True), inflight, lambda: step))
+    got = _samples(registry)
+    model = (("model_name", "tiny-llm"),)
+    assert got[(ce.KV_INFLIGHT_BLOCKS.name, model)] == 48.0
+    assert got[(ce.KV_INFLIGHT_TOKENS.name, model)] == 300.0
+    assert got[(ce.KV_FRAGMENTATION.name, model)] == 1 - 300 / (48 * 32)

@@ -141,3 +141,45 @@ def test_every_listed_address_gets_every_datagram(plugin_module: types.ModuleTyp
             listener.close()
     assert received[0] == received[1]
     assert received[0][1][0].trace_id == TRACE
+
+
+def test_a_send_the_kernel_refuses_is_dropped_and_the_count_reaches_the_sidecar(
+    plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two targets: the broadcast address, which a socket without SO_BROADCAST may not send to (sendto
+    raises EACCES: the plugin's real failure path, as a full buffer would take it), and a listener. Each
+    record drops the first datagram; the listener reads the drops so far in the next one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, f"udp://255.255.255.255:9,udp://127.0.0.1:{listener.getsockname()[1]}")
+        logger = plugin_module.InferwatchStatLogger(None)
+        received = []
+        for _ in range(3):
+            logger.record(*_vllm_stats(1))  # a finished request: sent whatever the step interval
+            received.append(decode(listener.recv(65536))[0])
+    assert logger.dropped == 3
+    assert logger.sent == 3
+    assert [step.dropped for step in received] == [0, 1, 2]
+
+
+def test_while_vllm_idles_its_stats_log_repeats_the_latest_state(
+    plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM calls log() every 10 s, stepping or not: the plugin sends its latest scheduler state again (with
+    the drops so far), so that the sidecar can tell an idle vLLM from an absent plugin."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, f"udp://127.0.0.1:{listener.getsockname()[1]}")
+        logger = plugin_module.InferwatchStatLogger(None)
+        logger.log()  # before any step: a datagram with no state
+        assert decode(listener.recv(65536)) == (None, [])
+        scheduler, iteration = _vllm_stats(0)
+        logger.record(scheduler, iteration)
+        listener.recv(65536)
+        scheduler.num_running_reqs = 0  # a later step inside the 0.1 s interval: not sent by record()
+        logger.record(scheduler, iteration)
+        logger.log()
+        assert decode(listener.recv(65536)) == (EngineStepStats(0.75, 0, 2, 1, 0), [])
+    assert logger.sent == 3

@@ -22,6 +22,7 @@ from exporters.catalog import request as cat
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
 from serving import config as cfg
 from serving.app import OBSERVERS, TRACING, build_app
+from serving.engine_stats import PLUGIN_SILENT_AFTER_S
 from tests.fakes.openai_upstream import FakeOpenAI
 
 WAIT_MS = 150.0
@@ -147,3 +148,22 @@ async def test_a_datagram_that_is_not_the_plugins_is_counted(setup: Any) -> None
     _, registry, _, plugin, _, _ = setup
     plugin.socket.sendto(b"hello", plugin.address)
     await _until(lambda: _value(registry, cat.ENGINE_STATS_RECORDS.series, kind="invalid") == 1)
+
+
+async def test_with_no_plugin_sending_it_says_so_and_shows_no_zeros(setup: Any, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    """A listener that hears nothing: plugin_up is 0 and the plugin's state families are absent (a 0 would
+    read as an idle vLLM); the first datagram brings them, and 30 s of silence takes them away again."""
+    _, registry, _, plugin, _, _ = setup
+    assert registry.get_sample_value(cat.ENGINE_STATS_PLUGIN_UP.series) == 0
+    for spec in (cat.ENGINE_PLUGIN_KV_CACHE_USAGE, cat.ENGINE_STATS_PLUGIN_DROPPED):
+        assert registry.get_sample_value(spec.series) is None, spec.name
+    assert registry.get_sample_value(cat.ENGINE_PLUGIN_REQUESTS.series, {"state": "running"}) is None
+    plugin.send(None)
+    await _until(lambda: registry.get_sample_value(cat.ENGINE_STATS_PLUGIN_UP.series) == 1)
+    assert registry.get_sample_value(cat.ENGINE_PLUGIN_KV_CACHE_USAGE.series) == 0.25
+    assert registry.get_sample_value(cat.ENGINE_PLUGIN_REQUESTS.series, {"state": "running"}) == 1
+    later = time.monotonic() + PLUGIN_SILENT_AFTER_S + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    assert registry.get_sample_value(cat.ENGINE_STATS_PLUGIN_UP.series) == 0
+    assert registry.get_sample_value(cat.ENGINE_PLUGIN_KV_CACHE_USAGE.series) is None
