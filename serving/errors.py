@@ -24,6 +24,7 @@ _TAGS = re.compile(rb"<[^>]*>")
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _INVALID_TRACE_ID = "0" * 32
 _SPACES = re.compile(rb"\s+")
+_PLAIN_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9 _.\-]{0,63}")
 MAX_QUOTED_BODY = 300
 """Characters of a non-JSON upstream body quoted in the rewritten error message."""
 
@@ -45,13 +46,27 @@ def request_trace_id(traceparent: str | None) -> str:
     return os.urandom(16).hex()
 
 
-def upstream_error_body(data: bytes, status: int, trace_id: str) -> tuple[bytes, str | None]:
-    """Rewrite an upstream error answer as OpenAI's error object with ``trace_id``; also return its message.
+def upstream_error_type(value: object, status: object) -> str:
+    """The ``error.type`` of an upstream's error answer or event, the same in the answer, record, span and metrics.
+
+    The upstream's own ``type`` when it is a short plain word (vLLM's: ``NotFoundError``,
+    ``ServiceUnavailableError``, ...), else the class of its status: ``overloaded`` (429, 503),
+    ``invalid_request_error`` (another 4xx) or ``upstream_error`` (5xx, or no status).
+    """
+    if isinstance(value, str) and _PLAIN_TYPE.fullmatch(value):
+        return value
+    return _kind(status if isinstance(status, int) and 400 <= status < 600 else 500)
+
+
+def upstream_error_body(data: bytes, status: int, trace_id: str) -> tuple[bytes, str | None, str]:
+    """Rewrite an upstream error answer as OpenAI's error object with ``trace_id``; also return its message
+    and its ``error.type``.
 
     A JSON ``{"error": {...}}`` keeps all its fields (``trace_id`` added, ``type`` filled in when
-    missing); a flat ``{"message": ..., "type": ...}`` (older vLLM) moves under ``error``; anything
-    else (an HTML page from a load balancer, plain text, nothing) becomes a message quoting the
-    start of the body with its tags stripped.
+    missing or not a short plain word: :func:`upstream_error_type`); a flat ``{"message": ...,
+    "type": ...}`` (older vLLM) moves under ``error``; anything else (an HTML page from a load
+    balancer, plain text, nothing) becomes a message quoting the start of the body with its tags
+    stripped.
     """
     obj: Any = None
     if data[:1] in (b"{", b" ", b"\n"):
@@ -68,14 +83,15 @@ def upstream_error_body(data: bytes, status: int, trace_id: str) -> tuple[bytes,
         else:
             fields = {k: v for k, v in obj.items() if k != "object"}
         fields.setdefault("message", f"upstream answered HTTP {status}")
-        fields.setdefault("type", _kind(status))
+        fields["type"] = upstream_error_type(fields.get("type"), status)
         fields.setdefault("code", status)
         fields["trace_id"] = trace_id
         message = fields["message"]
-        return orjson.dumps({"error": fields}), str(message) if message is not None else None
+        return orjson.dumps({"error": fields}), str(message) if message is not None else None, fields["type"]
     quoted = _quote(data)
     message = f"upstream answered HTTP {status}" + (f": {quoted}" if quoted else " with an empty body")
-    return error_body(message, _kind(status), status, trace_id=trace_id), message
+    kind = _kind(status)
+    return error_body(message, kind, status, trace_id=trace_id), message, kind
 
 
 def sse_error_event(message: str, kind: str, trace_id: str) -> bytes:

@@ -394,8 +394,7 @@ class Proxy:
                 return
             record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
             if upstream.status >= 400:
-                data, message = upstream_error_body(data, upstream.status, record.trace_id)
-                record.error_type = f"http_{upstream.status}"
+                data, message, record.error_type = upstream_error_body(data, upstream.status, record.trace_id)
                 record.error_message = message[:500] if message is not None else None
                 response_headers["Content-Type"] = "application/json"
             else:
@@ -501,7 +500,7 @@ class Proxy:
         record.response_model = stats.response_model
         if stats.error and record.outcome is Outcome.OK:
             record.outcome = Outcome.UPSTREAM_ERROR
-            record.error_type, record.error_message = "upstream_error_event", stats.error
+            record.error_type, record.error_message = stats.error_type, stats.error
 
     def _read_json_body(self, data: bytes, record: RequestRecord) -> None:
         if not data.startswith(b"{"):

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from serving.errors import upstream_error_type
+
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
 _RUNNING = b'"finish_reason":null'
 _RUNNING_SPACED = b'"finish_reason": null'
@@ -42,6 +44,8 @@ class StreamStats:
     finish_reason: str | None = None
     response_model: str | None = None
     error: str | None = None
+    error_type: str | None = None
+    """The ``error.type`` of the upstream's error event (:func:`serving.errors.upstream_error_type`), with ``error``."""
     undecodable_events: int = 0
     done: bool = False
     problem: str | None = None
@@ -330,10 +334,16 @@ class SseReader:
                     stats.finish_reason = str(reason)
         elif "error" in obj:
             error = obj["error"]
-            stats.error = str(error.get("message") if isinstance(error, dict) else error)
-            if self._trace_id is not None and isinstance(error, dict):
-                error["trace_id"] = self._trace_id  # rare: worth a re-serialization
-                return b"data: " + orjson.dumps(obj) + b"\n\n"
+            if not isinstance(error, dict):
+                stats.error, stats.error_type = str(error), upstream_error_type(None, None)
+            else:
+                stats.error = str(error.get("message"))
+                stats.error_type = upstream_error_type(error.get("type"), error.get("code"))
+                if self._trace_id is not None or error.get("type") != stats.error_type:
+                    error["type"] = stats.error_type  # the client reads the type the record and span carry
+                    if self._trace_id is not None:
+                        error["trace_id"] = self._trace_id
+                    return b"data: " + orjson.dumps(obj) + b"\n\n"  # rare: worth a re-serialization
         if content:
             stats.content_ns.append(now_ns)
         usage = obj.get("usage")

@@ -47,6 +47,7 @@ FAULTS = (
     "error_503_retry_after",  # vLLM's admission rejection, Retry-After: 7
     "error_429_retry_after",  # rate limited, Retry-After: 7
     "error_500_oom",  # vLLM's CUDA OOM error body
+    "error_502_odd_type",  # a JSON error whose "type" is no short plain word (markup and a newline)
     "bad_json_event",  # streamed: a few chunks, then a data line that is not JSON
     "truncated_event",  # streamed: a few chunks, then half an event and a clean end
     "no_done",  # streamed: every chunk, then a clean end without [DONE]
@@ -134,6 +135,8 @@ class FaultyUpstream(FakeOpenAI):
             return web.json_response(_vllm_error(OOM_MESSAGE, "InternalServerError", 500), status=500)
         if fault == "error_500_json":
             return web.json_response(_vllm_error("engine step failed", "InternalServerError", 500), status=500)
+        if fault == "error_502_odd_type":
+            return web.json_response(_vllm_error("bad gateway", "<b>Bad\nGateway</b>", 502), status=502)
         status = 503 if fault == "error_503_retry_after" else 429
         return web.json_response(_vllm_error("The server is overloaded; retry later", "ServiceUnavailableError",
                                              status), status=status, headers={"Retry-After": "7"})

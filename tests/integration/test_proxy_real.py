@@ -234,12 +234,14 @@ scrape_configs:
 
 
 def test_error_record_found_by_trace_id(sidecar: servers.SidecarServer, sidecar_logs_dir: Any) -> None:
-    """A failed request's log record is found by `inferwatch logs search` with the trace id the client got."""
+    """A failed request's log record is found by `inferwatch logs search` with the trace id the client got,
+    and names the failure with the error.type the client read (vLLM's own)."""
     import subprocess
     import sys
 
-    status, headers, _ = _post(f"{sidecar.base_url}/v1/completions", {"model": "no-such-model", "prompt": "x"})
+    status, headers, body = _post(f"{sidecar.base_url}/v1/completions", {"model": "no-such-model", "prompt": "x"})
     assert status == 404
+    answered_type = json.loads(body)["error"]["type"]
     trace_id = headers["x-trace-id"]
     end = time.monotonic() + 20
     while True:
@@ -255,3 +257,4 @@ def test_error_record_found_by_trace_id(sidecar: servers.SidecarServer, sidecar_
     assert records[0]["trace_id"] == trace_id
     assert records[0]["http_status"] == 404
     assert records[0]["outcome"] == "client_error"
+    assert records[0]["error_type"] == answered_type

@@ -3,8 +3,9 @@
 For each fault the client gets a well-formed answer within the configured timeouts (a JSON
 error with ``error.type`` and ``trace_id``, or after the stream started a final SSE error event
 and a clean end of the chunked body), the outcome is counted, the span has an error status,
-the request's log record is archived, the next normal request succeeds, and no upstream
-connection, asyncio task or file descriptor is left behind.
+the request's log record is archived with the ``error.type`` the client read (so are the span's
+``error.type`` and the GenAI histogram's ``error_type`` label), the next normal request succeeds,
+and no upstream connection, asyncio task or file descriptor is left behind.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _upstream() -> Iterator[ThreadedServer]:
 
 @pytest.fixture(name="sidecar")
 async def _sidecar(upstream: ThreadedServer, tmp_path: Path) -> AsyncIterator[Sidecar]:
-    sidecar, runner = await start_sidecar(upstream.url, tmp_path / "logs")
+    sidecar, runner = await start_sidecar(upstream.url, tmp_path / "logs", genai_metrics=True)
     try:
         yield sidecar
     finally:
@@ -69,6 +70,7 @@ BEFORE_STATUS = [
     ("error_503_retry_after", True, 503, "overloaded", "ServiceUnavailableError"),
     ("error_429_retry_after", False, 429, "overloaded", "ServiceUnavailableError"),
     ("error_500_oom", False, 500, "upstream_error", "InternalServerError"),
+    ("error_502_odd_type", False, 502, "upstream_error", "upstream_error"),
     ("error_500_oom", True, 500, "upstream_error", "InternalServerError"),
 ]
 MID_STREAM = [
@@ -84,8 +86,19 @@ MID_STREAM = [
 ]
 
 
-async def check_aftermath(sidecar: Sidecar, answer: Answer, outcome: str, baseline: tuple[int, int]) -> None:
-    """Counted, span in error, record archived, next request fine, nothing left behind."""
+def genai_errors(registry: CollectorRegistry) -> dict[str, float]:
+    """gen_ai_server_request_duration_seconds' count by its error_type label, failures only."""
+    counts: dict[str, float] = {}
+    for family in registry.collect():
+        for s in family.samples:
+            if s.name == "gen_ai_server_request_duration_seconds_count" and s.labels["error_type"]:
+                counts[s.labels["error_type"]] = counts.get(s.labels["error_type"], 0) + s.value
+    return counts
+
+
+async def check_aftermath(sidecar: Sidecar, answer: Answer, outcome: str, kind: str,
+                          baseline: tuple[int, int]) -> None:
+    """Counted, span in error, record archived, one error.type everywhere, next request fine, nothing left behind."""
     trace_id = answer.headers["x-trace-id"]
     assert await wait_for(lambda: requests_counted(sidecar.registry, outcome) == 1), \
         f"outcome {outcome} not counted once"
@@ -94,6 +107,9 @@ async def check_aftermath(sidecar: Sidecar, answer: Answer, outcome: str, baseli
     record = await record_of(sidecar.logs, trace_id)
     assert record is not None, "the failed request's log record was not archived"
     assert record["outcome"] == outcome
+    # the client's error.type, everywhere: record, span attribute and status, GenAI metric label
+    assert (record["error_type"], span.attributes["error.type"], span.status.description) == (kind, kind, kind)
+    assert genai_errors(sidecar.registry) == {kind: 1}
     good = await send(sidecar, None, stream=True)
     assert good.status == 200
     assert sse_events(good.body)[-1] == "[DONE]"
@@ -131,7 +147,7 @@ async def test_fault_before_the_status_line_gets_a_json_error(
     if fault == "error_500_html":
         assert "502 Bad Gateway" in error["message"]
         assert "<" not in error["message"]
-    await check_aftermath(sidecar, answer, outcome, baseline)
+    await check_aftermath(sidecar, answer, outcome, kind, baseline)
 
 
 @pytest.mark.parametrize(("fault", "outcome", "kind"), MID_STREAM, ids=[f for f, *_ in MID_STREAM])
@@ -152,7 +168,7 @@ async def test_fault_mid_stream_ends_with_an_error_event(
     assert all("choices" in event for event in content)
     assert last["error"]["type"] == kind
     assert last["error"]["trace_id"] == answer.headers["x-trace-id"]
-    await check_aftermath(sidecar, answer, outcome, baseline)
+    await check_aftermath(sidecar, answer, outcome, kind, baseline)
 
 
 def oom_events(registry: CollectorRegistry) -> float:
