@@ -88,3 +88,13 @@ def test_without_the_plugin_the_time_to_first_token_is_one_unsplit_part() -> Non
                                            "client_slow_read"]
     assert [p["split"] for p in phases][2] is False
     assert sum(p["ms"] for p in phases) == pytest.approx(1000.0)
+
+
+def test_a_client_wait_while_vllm_still_generated_is_not_counted_twice() -> None:
+    """A client that held the stream 500 ms, all but 78 ms of it while vLLM still decoded: client_slow_read is
+    the 78 ms after vLLM finished, and the parts add up to the e2e."""
+    explanation = explain(_facts(client_wait_ms=500.0))  # 1000 ms: 1 sent, 921 in the engine, 78 after
+    phases = {p["name"]: p["ms"] for p in explanation["phases"]}
+    assert phases["client_slow_read"] == pytest.approx(78.0)
+    assert phases["vllm_front_end"] == 0.0
+    assert sum(phases.values()) == pytest.approx(1000.0)
