@@ -8,6 +8,7 @@ explanation's parts must add up to.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, enc
 from exporters.records import RequestRecord
 from serving import config as cfg
 from serving.app import OBSERVERS, build_app
+from serving.cli import main
 from serving.explain import RequestRing
 from tests.fakes.openai_upstream import FakeOpenAI
 
@@ -171,3 +173,21 @@ def test_ring_keeps_the_latest_record_of_a_reused_trace_id() -> None:
     ring.add(RequestRecord(trace_id="b" * 32, span_id="3", route="r"))
     assert ring.get("a" * 32) is second
     assert len(ring) == 2
+
+
+async def test_cli_finds_a_request_in_the_sidecar_and_names_where_it_looked_when_not(
+    setup: Setup, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inferwatch explain` shows a request the sidecar has (exit 0) and, for one it has not, exits 1 naming
+    the sidecar and the archive it searched."""
+    await setup.request(_trace(5))
+    base = str(setup.client.make_url("")).rstrip("/")
+    loop = asyncio.get_running_loop()
+    found = await loop.run_in_executor(None, main, ["explain", _trace(5), "--sidecar", base, "--json"])
+    assert found == 0
+    assert json.loads(capsys.readouterr().out)["trace_id"] == _trace(5)
+    missing = await loop.run_in_executor(None, main, ["explain", _trace(6), "--sidecar", base, "--dir", str(tmp_path)])
+    assert missing == 1
+    said = capsys.readouterr().err
+    assert base in said
+    assert f"the archive {tmp_path} has no record of it" in said
