@@ -384,7 +384,7 @@ def kv_usage() -> list[Query]:
 
 
 def kv_blocks() -> list[Query]:
-    """KV blocks in use against blocks allocated, and the sidecar's in-flight estimate."""
+    """KV blocks in use against blocks allocated, and the blocks held by the requests vLLM runs."""
     return [
         Query(by("model_name", sel(engine.KV_BLOCKS_USED)), "used {{model_name}}"),
         Query(by("model_name", sel(engine.KV_BLOCKS_TOTAL)), "total {{model_name}}"),

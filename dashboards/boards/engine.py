@@ -13,6 +13,7 @@ from dashboards import queries as q
 from dashboards.board import dashboard
 from dashboards.config import DashboardConfig
 from dashboards.panels import Row, Spec, heatmap, stat, table, timeseries
+from exporters.catalog.request import ENGINE_STATS_PLUGIN_UP as PLUGIN_UP
 
 TITLE = "vLLM engine and KV cache"
 
@@ -51,11 +52,15 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    "the fullest replica (the KV alert fires per replica) and vLLM's gauge per engine of each "
                    "replica; the dashed line is the KV alert's threshold.", "percentunit",
                    q.kv_usage(), thresholds=kv_levels, lines=True, min_value=0, max_value=1),
-        timeseries("KV blocks used and total", "KV-cache blocks in use against blocks allocated, and the sidecar's "
-                   "estimate of blocks held by requests in flight.", "short", q.kv_blocks()),
-        timeseries("KV block fragmentation", "Estimated internal fragmentation of the blocks held by in-flight "
-                   "requests: 1 - tokens / (blocks x block size), the worst replica. Absent with nothing in "
-                   "flight.", "percentunit", q.kv_fragmentation(), min_value=0, max_value=1),
+        timeseries("KV blocks used and total", "KV-cache blocks in use against blocks allocated, and the blocks "
+                   "held by the requests vLLM runs: vLLM's own count after its latest step while its stat-logger "
+                   f"plugin is heard ({PLUGIN_UP.name} 1), else the sidecar's estimate from its "
+                   "live token counts.", "short", q.kv_blocks()),
+        timeseries("KV block fragmentation (estimate)", "Estimated internal fragmentation of the blocks held by "
+                   "the running requests: 1 - tokens / (blocks x block size), the worst replica; the tokens are "
+                   "the sidecar's live counts, the blocks vLLM's own while its stat-logger plugin is heard, else "
+                   "estimated. Absent with nothing in flight.", "percentunit", q.kv_fragmentation(),
+                   min_value=0, max_value=1),
         timeseries("KV capacity and tokens in flight", "Tokens the KV caches can hold and tokens held by requests in "
                    "flight (summed over replicas), and tokens per block.", "short", q.kv_tokens()),
         timeseries("KV offload traffic (V1 swap)", "Bytes per second of KV cache moved between the GPU and the "

@@ -134,26 +134,31 @@ KV_CAPACITY_TOKENS = MetricSpec(
 )
 KV_INFLIGHT_TOKENS = MetricSpec(
     "inferwatch_kv_cache_inflight_tokens", G,
-    "Tokens held by requests in flight through the sidecar: sum of each request's prompt plus generated "
-    "tokens so far (from streamed usage; a non-streaming request counts its prompt until it returns).",
+    "Tokens held by the requests in flight through the sidecar that vLLM is running (picked as for "
+    "inferwatch_kv_cache_inflight_blocks): each one's prompt plus generated tokens so far, as the sidecar "
+    "counts them (serve.live_token_counts: the prompt estimated from its characters and one token per streamed "
+    "chunk, or vLLM's exact counts with serve.exact_live_token_counts).",
     M, "tokens",
 )
 KV_INFLIGHT_BLOCKS = MetricSpec(
     "inferwatch_kv_cache_inflight_blocks", G,
-    "Estimated KV-cache blocks held by the requests vLLM is running: sum(ceil(tokens / block_size)) over "
+    "KV-cache blocks held by the requests vLLM is running. While vLLM's stat-logger plugin is heard "
+    "(inferwatch_engine_stats_plugin_up 1; one model, one engine): vLLM's own count after its latest step, "
+    "its KV usage x its usable blocks. Otherwise an estimate: sum(ceil(tokens / block_size)) over "
     "vllm:num_requests_running of the requests in flight, the streams receiving tokens (one in the last 2 s) "
     "first, then the oldest (vLLM schedules first come, first served; requests still queued, or preempted "
-    "back into the queue, hold no block). While the latest scrape of vLLM failed: the streams receiving tokens, "
-    "then the oldest others while their blocks fit in vLLM's usable blocks.",
+    "back into the queue, hold no block); while the latest scrape of vLLM failed, the streams receiving "
+    "tokens, then the oldest others while their blocks fit in vLLM's usable blocks.",
     M, "blocks",
 )
 KV_FRAGMENTATION = MetricSpec(
     "inferwatch_kv_cache_fragmentation_ratio", G,
-    "Estimated internal fragmentation of the KV blocks held by in-flight requests: "
-    "1 - sum(tokens) / sum(ceil(tokens / block_size) * block_size), over the sidecar's live token "
-    "counts of the running requests; with the stat-logger plugin, 1 - tokens / (vLLM's blocks in use x "
-    "block_size), at least 0. An estimate: it ignores blocks shared through the prefix cache and requests "
-    "that bypass the sidecar. Absent with no request in flight.",
+    "Estimated internal fragmentation of the KV blocks held by the running requests: "
+    "1 - inferwatch_kv_cache_inflight_tokens / (inferwatch_kv_cache_inflight_blocks x block_size), at least 0: "
+    "against vLLM's own blocks in use while the stat-logger plugin is heard, else against the estimated "
+    "blocks, sum(ceil(tokens / block_size)). An estimate either way: the tokens are the sidecar's live counts, "
+    "and blocks shared through the prefix cache and requests that bypass the sidecar are not seen. Absent with "
+    "no running request in flight through the sidecar.",
     M, "ratio",
 )
 
