@@ -120,6 +120,11 @@ class RulesConfig:
         300.0, "Rate window of the circuit-breaker error ratio and latency.", check=_whole_positive_seconds
     )
     breaker_for_s: float = setting(60.0, "Seconds a breaker condition must hold.", check=_whole_seconds)
+    breaker_min_requests: int = setting(
+        100, "The circuit-breaker alerts fire only when a model served at least this many requests in "
+        "breaker_window_s; 0 = no minimum. Below it a few failures would read as a large error ratio.",
+        check=non_negative,
+    )
     breaker_keep_firing_for_s: float = setting(
         300.0, "Seconds the rollback alert keeps firing after its condition clears (no flapping).",
         check=_whole_seconds,
@@ -192,6 +197,11 @@ class RulesConfig:
     slo_latency_threshold_s: float = setting(
         10.0, "A request slower than this misses the latency SLO; must be a latency bucket bound.",
         check=_latency_bound,
+    )
+    slo_min_requests: int = setting(
+        1000, "A burn-rate alert fires only when its long window (1h, 6h or 3d) holds at least this many of the "
+        "SLO's requests; 0 = no minimum. Below it a few failures would read as a large error ratio.",
+        check=non_negative,
     )
     # Links and Alertmanager.
     runbook_url_pattern: str = setting(

@@ -34,7 +34,7 @@ from alert_rules.scenario import (
     step_for,
     steps_needed,
 )
-from alert_rules.slo import error_outcomes, le_value
+from alert_rules.slo import SERVED, error_outcomes, le_value
 from alert_rules.spec import AlertRule, RuleGroup, Severity, any_of, duration, number, selector
 from exporters import buckets
 from exporters.catalog.engine import (
@@ -268,14 +268,30 @@ def _rollback_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) ->
     return _breaker_scenario(above(c.rollback_error_ratio), c.rollback_error_ratio / 2, c, alert)
 
 
+def _breaker_evidence(config: RulesConfig) -> tuple[str, str]:
+    """The breaker's minimum of requests in its window: a PromQL ``and`` clause and its words (both empty at 0)."""
+    if not config.breaker_min_requests:
+        return "", ""
+    count = f"sum by ({M}) (increase({selector(REQUESTS.series, SERVED)}[{duration(config.breaker_window_s)}]))"
+    return (f" and ({count} >= {config.breaker_min_requests})",
+            f", with at least {config.breaker_min_requests} requests in the window")
+
+
 def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
-    """Two levels: degrade (warning) on errors or latency, roll back (critical) on more errors."""
-    ratio = _error_ratio(config.breaker_window_s)
-    p99 = _p99(config.breaker_window_s)
+    """Two levels: degrade (warning) on errors or latency, roll back (critical) on more errors.
+
+    Like the SLOs, they read only the inference routes, and either needs ``rules.breaker_min_requests``
+    of them in its window, so a few failures with little other traffic (a 100 % error ratio over three
+    requests) neither degrade nor page.
+    """
+    ratio = _error_ratio(config.breaker_window_s, SERVED)
+    p99 = _p99(config.breaker_window_s, SERVED)
     w = duration(config.breaker_window_s)
+    enough, enough_text = _breaker_evidence(config)
     degrade = AlertRule(
         name=DEGRADE_ALERT,
-        expr=f"({ratio} > {number(config.degrade_error_ratio)}) or ({p99} > {number(config.degrade_p99_s)})",
+        expr=(f"(({ratio} > {number(config.degrade_error_ratio)}) or ({p99} > {number(config.degrade_p99_s)}))"
+              f"{enough}"),
         for_s=config.breaker_for_s,
         severity=Severity.WARNING,
         labels={"action": "degrade"},
@@ -283,7 +299,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
         description=(
             f"Model {{{{ $labels.model_name }}}} has had an error ratio above "
             f"{_pct(config.degrade_error_ratio)} or a p99 latency above {config.degrade_p99_s:g} s over "
-            f"{w} for {duration(config.breaker_for_s)}."
+            f"{w}{enough_text} for {duration(config.breaker_for_s)}."
         ),
         runbook=Runbook(
             "A model's error ratio or p99 latency crossed the degrade level of the circuit breaker: "
@@ -298,7 +314,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
     )
     rollback = AlertRule(
         name="InferwatchCircuitBreakerRollback",
-        expr=f"{ratio} > {number(config.rollback_error_ratio)}",
+        expr=f"({ratio} > {number(config.rollback_error_ratio)}){enough}",
         for_s=config.breaker_for_s,
         keep_firing_for_s=config.breaker_keep_firing_for_s,
         severity=Severity.CRITICAL,
@@ -306,7 +322,7 @@ def circuit_breaker(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertR
         summary="A model fails too many requests: roll back the last change.",
         description=(
             f"Model {{{{ $labels.model_name }}}} has had an error ratio above "
-            f"{_pct(config.rollback_error_ratio)} over {w} for {duration(config.breaker_for_s)}."
+            f"{_pct(config.rollback_error_ratio)} over {w}{enough_text} for {duration(config.breaker_for_s)}."
         ),
         runbook=Runbook(
             "A model's error ratio crossed the rollback level of the circuit breaker: too many requests "

@@ -26,6 +26,15 @@ rejections while the sidecar itself sheds or forwards 429s in the same window (t
 ``overloaded`` side). Without vLLM's counter (before 0.33, or no scrape) the ratio is the sidecar's
 alone.
 
+Both SLOs count only the requests that run the model: the inference routes
+(:data:`exporters.catalog.request.INFERENCE_ROUTES`: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/responses``); ``/v1/models`` (polled by health checks and gateways) and
+``other`` (unknown paths) do not count.
+
+A burn-rate condition needs evidence as well as a ratio: its long window must hold at least
+``rules.slo_min_requests`` of the SLO's requests (a recorded count per window, the ratio's
+denominator), so a few failures with no other traffic, an error ratio of 100 %, page nobody.
+
 Each SLO carries the promtool scenario of its burn alerts; their runbooks are written here too.
 """
 
@@ -48,7 +57,7 @@ from alert_rules.scenario import (
     steps_needed,
 )
 from alert_rules.spec import AlertRule, RecordingRule, RuleGroup, Severity, any_of, duration, number, selector
-from alert_rules.windows import WINDOW_PAIRS, WindowPair, budget, threshold, windows_used
+from alert_rules.windows import WINDOW_PAIRS, WindowPair, budget, long_windows, threshold, windows_used
 from exporters import buckets
 from exporters.catalog.engine import ENGINE_ADMISSION_REJECTIONS
 from exporters.catalog.recordings import (
@@ -57,8 +66,9 @@ from exporters.catalog.recordings import (
     SLO_EVENTS,
     SLO_OVERLOADED_SEEN,
     slo_error_ratio,
+    slo_events_increase,
 )
-from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
+from exporters.catalog.request import E2E_LATENCY_SECONDS, INFERENCE_ROUTES, REQUESTS
 from exporters.errors import ConfigError
 from exporters.records import Outcome
 
@@ -75,6 +85,8 @@ BY = "model_name, instance"
 """Event sums are kept per model and scrape target, so each one resets only with its own sidecar."""
 RATIO_BY = "model_name, slo"
 """Error ratios aggregate across instances: the rates of the per-instance sums, summed by model and SLO."""
+SERVED = ("route", "=~", any_of(INFERENCE_ROUTES))
+"""The matcher of the requests the SLOs count: the inference routes."""
 
 
 def error_outcomes() -> tuple[str, ...]:
@@ -90,6 +102,11 @@ def le_value(bound: float) -> str:
 def error_ratio_name(window_s: int) -> str:
     """Name of the recorded error ratio over a window."""
     return slo_error_ratio(duration(window_s))
+
+
+def events_count_name(window_s: int) -> str:
+    """Name of the recorded count of an SLO's requests over a window."""
+    return slo_events_increase(duration(window_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,26 +151,26 @@ def _latency_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) ->
     def series(bad_ratio: float) -> tuple[Series, ...]:
         total = 10**6
         fast = total - round(total * bad_ratio)
-        model = ("model_name", "=", MODEL)
+        model, route = ("model_name", "=", MODEL), ("route", "=", "/v1/chat/completions")
         return (
-            Series(selector(E2E_LATENCY_SECONDS.count, model), counter_values(total, n)),
-            Series(selector(E2E_LATENCY_SECONDS.bucket, model, ("le", "=", le)), counter_values(fast, n)),
+            Series(selector(E2E_LATENCY_SECONDS.count, model, route), counter_values(total, n)),
+            Series(selector(E2E_LATENCY_SECONDS.bucket, model, route, ("le", "=", le)), counter_values(fast, n)),
         )
 
     return Scenario(60, series(0.5), series(quiet_ratio), 60, {"model_name": MODEL, "slo": "latency"})
 
 
 def availability() -> Slo:
-    """Availability: requests whose outcome is an upstream error, a timeout or an overload are bad."""
-    total = f"sum by ({BY}) ({REQUESTS.series})"
-    errors = f"sum by ({BY}) ({selector(REQUESTS.series, ('outcome', '=~', any_of(error_outcomes())))})"
+    """Availability: inference requests whose outcome is an upstream error, a timeout or an overload are bad."""
+    total = f"sum by ({BY}) ({selector(REQUESTS.series, SERVED)})"
+    errors = f"sum by ({BY}) ({selector(REQUESTS.series, SERVED, ('outcome', '=~', any_of(error_outcomes())))})"
     # A model without any error series yet still gets a 0, so its first error is counted.
     return Slo("availability", "availability", total, f"{errors} or ({total} * 0)", "failing requests",
                _availability_scenario)
 
 
 def latency(threshold_s: float) -> Slo:
-    """Latency: requests slower than ``threshold_s`` (a bucket bound of the e2e histogram) are bad."""
+    """Latency: inference requests slower than ``threshold_s`` (a bucket bound of the e2e histogram) are bad."""
     if threshold_s not in buckets.REQUEST_LATENCY:
         bounds = ", ".join(f"{b:g}" for b in buckets.REQUEST_LATENCY)
         raise ConfigError(
@@ -161,8 +178,8 @@ def latency(threshold_s: float) -> Slo:
             f"must equal a bucket bound of the end-to-end latency histogram; the bounds are {bounds}",
             threshold_s,
         )
-    total = f"sum by ({BY}) ({E2E_LATENCY_SECONDS.count})"
-    fast = f"sum by ({BY}) ({selector(E2E_LATENCY_SECONDS.bucket, ('le', '=', le_value(threshold_s)))})"
+    total = f"sum by ({BY}) ({selector(E2E_LATENCY_SECONDS.count, SERVED)})"
+    fast = f"sum by ({BY}) ({selector(E2E_LATENCY_SECONDS.bucket, SERVED, ('le', '=', le_value(threshold_s)))})"
     return Slo("latency", f"latency (requests slower than {threshold_s:g} s)", total, f"{total} - {fast}",
                "slow requests", _latency_scenario)
 
@@ -173,15 +190,16 @@ def slos(config: RulesConfig) -> tuple[Slo, ...]:
 
 
 def recording_rules(config: RulesConfig) -> tuple[RecordingRule, ...]:
-    """Per-SLO event sums per instance, then one error-ratio rule per window covering every SLO and model."""
+    """Per-SLO event sums per instance, one error-ratio rule per window covering every SLO and model, then the
+    count of events over each long window (the burn alerts' minimum)."""
     rules: list[RecordingRule] = []
     for slo in slos(config):
         rules.append(RecordingRule(EVENTS, slo.events, {"slo": slo.name}))
         rules.append(RecordingRule(BAD_EVENTS, slo.bad_events, {"slo": slo.name}))
     avail = {"slo": "availability"}
-    every = f"sum by ({BY}) ({REQUESTS.series})"
+    every = f"sum by ({BY}) ({selector(REQUESTS.series, SERVED)})"
     rules.append(RecordingRule(ENGINE_REJECTIONS, f"sum by ({BY}) ({ENGINE_ADMISSION_REJECTIONS.series})", avail))
-    overloaded = f"sum by ({BY}) ({selector(REQUESTS.series, ('outcome', '=', 'overloaded'))})"
+    overloaded = f"sum by ({BY}) ({selector(REQUESTS.series, SERVED, ('outcome', '=', 'overloaded'))})"
     rules.append(RecordingRule(OVERLOADED_SEEN, f"{overloaded} or ({every} * 0)", avail))
     for window in windows_used(WINDOW_PAIRS):
         w = duration(window)
@@ -191,6 +209,13 @@ def recording_rules(config: RulesConfig) -> tuple[RecordingRule, ...]:
         unseen = f"sum by ({RATIO_BY}) (clamp_min(rate({ENGINE_REJECTIONS}[{w}]) - rate({OVERLOADED_SEEN}[{w}]), 0))"
         expr = f"({bad} + {unseen}) / ({every_rate} + {unseen}) or {bad} / {every_rate}"
         rules.append(RecordingRule(error_ratio_name(window), expr))
+    for window in long_windows(WINDOW_PAIRS):
+        # The same events as the ratio's denominator, as a count: the SLO's requests plus unseen rejections.
+        w = duration(window)
+        count = f"sum by ({RATIO_BY}) (increase({EVENTS}[{w}]))"
+        unseen = (f"sum by ({RATIO_BY}) (clamp_min(increase({ENGINE_REJECTIONS}[{w}]) - "
+                  f"increase({OVERLOADED_SEEN}[{w}]), 0))")
+        rules.append(RecordingRule(events_count_name(window), f"{count} + {unseen} or {count}"))
     return tuple(rules)
 
 
@@ -198,16 +223,22 @@ def _pair_condition(slo: Slo, pair: WindowPair, config: RulesConfig) -> str:
     limit = number(threshold(pair, config.slo_objective, config.slo_period_days))
     long_ = selector(error_ratio_name(pair.long_s), ("slo", "=", slo.name))
     short = selector(error_ratio_name(pair.short_s), ("slo", "=", slo.name))
-    return f"({long_} > {limit} and {short} > {limit})"
+    if not config.slo_min_requests:
+        return f"({long_} > {limit} and {short} > {limit})"
+    count = selector(events_count_name(pair.long_s), ("slo", "=", slo.name))
+    return f"({long_} > {limit} and {short} > {limit} and {count} >= {config.slo_min_requests})"
 
 
 def _describe(pair: WindowPair, config: RulesConfig) -> str:
     factor = pair.factor(config.slo_period_days)
     limit = threshold(pair, config.slo_objective, config.slo_period_days)
-    return (
+    text = (
         f"{factor.normalize():f}x the budget rate (error ratio above {limit * 100:g} %) over both "
         f"{duration(pair.long_s)} and {duration(pair.short_s)}"
     )
+    if config.slo_min_requests:
+        text += f" with at least {config.slo_min_requests} requests in the {duration(pair.long_s)}"
+    return text
 
 
 _BURN_CHECKS = (
@@ -223,7 +254,18 @@ _REJECTION_CHECK = (
 )
 
 
-def _burn_runbook(slo: Slo, severity: Severity) -> Runbook:
+def _evidence(config: RulesConfig) -> str:
+    """What the SLO counts, and the minimum of requests a burn condition needs, in runbook words."""
+    routes = ", ".join(f"`{r}`" for r in INFERENCE_ROUTES)
+    text = f" Only inference requests count ({routes}; not `/v1/models` or other paths)"
+    if not config.slo_min_requests:
+        return text + "."
+    return (text + f", and a condition holds only with at least {config.slo_min_requests} of them in its long "
+            "window (`rules.slo_min_requests`): at lower traffic this alert stays silent, so check the error "
+            "ratio on the SLO board when traffic is low.")
+
+
+def _burn_runbook(slo: Slo, severity: Severity, config: RulesConfig) -> Runbook:
     """A page: the budget will be gone in hours to days; a ticket: the SLO will be missed this period."""
     bad = slo.bad_requests.capitalize()
     checks = (*_BURN_CHECKS, _REJECTION_CHECK) if slo.name == "availability" else _BURN_CHECKS
@@ -231,13 +273,13 @@ def _burn_runbook(slo: Slo, severity: Severity) -> Runbook:
         return Runbook(
             f"{bad} are spending the {slo.name} error budget so fast that, at this pace, "
             f"it will be gone in hours to days (multi-window burn rate: 14.4x over 1h and 5m, or 6x over "
-            f"6h and 30m).",
+            f"6h and 30m).{_evidence(config)}",
             checks,
             (ROLLBACK, SHED, *KV_FIXES[:2], "Send long prompts to a separate queue."),
         )
     return Runbook(
         f"{bad} spend the {slo.name} error budget at least as fast as it accrues "
-        f"(1x over 3d and 6h): the SLO will be missed by the end of the period.",
+        f"(1x over 3d and 6h): the SLO will be missed by the end of the period.{_evidence(config)}",
         checks,
         ("Find and fix the steady source of bad requests in working hours.", *KV_FIXES[:2]),
     )
@@ -266,7 +308,7 @@ def burn_alerts(config: RulesConfig) -> tuple[AlertRule, ...]:
                     f"Model {{{{ $labels.model_name }}}} misses its {slo.title} SLO of {objective} "
                     f"over {config.slo_period_days} days at {conditions}."
                 ),
-                runbook=_burn_runbook(slo, severity),
+                runbook=_burn_runbook(slo, severity, config),
                 scenario=slo.scenario,
             ))
     return tuple(alerts)

@@ -136,9 +136,9 @@ def selector(name: str, *matchers: tuple[str, str, str]) -> str:
 
 
 def any_of(values: tuple[str, ...] | list[str]) -> str:
-    """A regex matching exactly one of some plain label values (letters, digits, ``_``, ``-``)."""
+    """A regex matching exactly one of some plain label values (letters, digits, ``_``, ``-``, ``/``)."""
     for value in values:
-        if not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
+        if not re.fullmatch(r"[A-Za-z0-9_\-/]+", value):
             raise ValueError(f"label value {value!r} is not plain enough to put in a regex unescaped")
     return "|".join(values)
 

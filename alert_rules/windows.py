@@ -56,6 +56,11 @@ def windows_used(pairs: tuple[WindowPair, ...] = WINDOW_PAIRS) -> tuple[int, ...
     return tuple(sorted({w for p in pairs for w in (p.long_s, p.short_s)}))
 
 
+def long_windows(pairs: tuple[WindowPair, ...] = WINDOW_PAIRS) -> tuple[int, ...]:
+    """The long window of each pair (seconds), shortest first: where the burn alerts count their requests."""
+    return tuple(sorted({p.long_s for p in pairs}))
+
+
 def detection_time_s(
     pair: WindowPair, objective: float, period_days: int, error_ratio: float
 ) -> float | None:
@@ -69,5 +74,5 @@ def detection_time_s(
 
 __all__ = [
     "PAGE_FAST", "PAGE_SLOW", "TICKET", "WINDOW_PAIRS", "WindowPair", "budget", "detection_time_s",
-    "threshold", "windows_used",
+    "long_windows", "threshold", "windows_used",
 ]

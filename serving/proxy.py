@@ -16,6 +16,7 @@ import orjson
 import structlog
 from opentelemetry.trace import Span, Status, StatusCode
 
+from exporters.catalog.request import ROUTES
 from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
 from exporters.inflight import InFlightRequests, InFlightTokens, PromptSizeEstimator
@@ -41,7 +42,7 @@ from serving.upstream_http import (
 log = structlog.get_logger(__name__)
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
-KNOWN_ROUTES = GENERATION_ROUTES | {"/v1/models", "/v1/embeddings", "/v1/responses"}
+KNOWN_ROUTES = frozenset(ROUTES)
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
     "trailers", "transfer-encoding", "upgrade",

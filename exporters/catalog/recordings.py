@@ -34,4 +34,14 @@ def slo_error_ratio(window: str) -> str:
     return f"{SLO_ERROR_RATIO_PREFIX}{window}"
 
 
+SLO_EVENTS_INCREASE_PREFIX = "inferwatch:slo_events:increase"
+"""Recorded count of every event an SLO counted over a window (the error ratio's denominator as a count): the
+name is this prefix plus the window, e.g. ``...increase1h``; the burn alerts need a minimum of it."""
+
+
+def slo_events_increase(window: str) -> str:
+    """Name of the recorded count of an SLO's events over ``window`` (a Prometheus duration such as ``1h``)."""
+    return f"{SLO_EVENTS_INCREASE_PREFIX}{window}"
+
+
 SPECS: tuple[MetricSpec, ...] = (SLO_EVENTS, SLO_BAD_EVENTS, SLO_ENGINE_REJECTIONS, SLO_OVERLOADED_SEEN)

@@ -5,6 +5,11 @@ from __future__ import annotations
 from exporters import buckets
 from exporters.catalog.spec import MetricSpec, MetricType
 
+INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+"""``route`` values of the requests that run the model: the requests the SLOs count."""
+ROUTES = (*INFERENCE_ROUTES, "/v1/models")
+"""Every ``route`` value but ``other`` (any other path under ``/v1``)."""
+
 REQUEST_LABELS = ("model_name", "route", "outcome", "length_bucket")
 LATENCY_LABELS = ("model_name", "route", "length_bucket")
 

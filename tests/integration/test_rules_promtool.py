@@ -113,3 +113,12 @@ def test_promtool_agrees_on_the_engine_signal_cases(tmp_path: Path, promtool: Pa
     path = signals_test_file(tmp_path)
     result = _run(promtool, "test", "rules", path.name, cwd=path.parent)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_agrees_on_the_slo_evidence_cases(tmp_path: Path, promtool: Path) -> None:
+    """Three failures and a failing /v1/models page nobody, a total outage pages in time: promtool agrees."""
+    from tests.unit.alert_rules.test_slo_evidence import evidence_test_file
+
+    path = evidence_test_file(tmp_path)
+    result = _run(promtool, "test", "rules", path.name, cwd=path.parent)
+    assert result.returncode == 0, result.stdout + result.stderr

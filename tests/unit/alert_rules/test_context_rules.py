@@ -38,6 +38,10 @@ b's 60 errors a minute in gt32k, b's GPU at 79 of 80 GB, throttle reasons of bot
 gpu_idle) serves no m and stays out."""
 
 
+INFERENCE = {"model_name": "m", "route": "/v1/completions"}
+"""Model m's requests on an inference route (the breaker reads only those)."""
+
+
 def _series(name: str, values: str, **labels: str) -> dict[str, str]:
     body = ", ".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"{name}{{{body}}}", "values": values}
@@ -52,17 +56,15 @@ def _inputs() -> list[dict[str, str]]:
         _series(by_reason, "15x20", instance="a", model_name="m", reason="deferred"),
         _series(KV_USAGE.series, "0.875x20", instance="a", model_name="m"),
         _series(ENGINE_PREEMPTIONS.series, "0+30x20", instance="a", model_name="m"),
-        _series(REQUESTS.series, "0+300x20", instance="a", model_name="m", length_bucket="le512", outcome="ok"),
-        _series(REQUESTS.series, "0+6x20", instance="a", model_name="m", length_bucket="le512",
-                outcome="upstream_error"),
-        _series(REQUESTS.series, "0+12x20", instance="a", model_name="m", length_bucket="2k-8k", outcome="timeout"),
+        _series(REQUESTS.series, "0+300x20", instance="a", length_bucket="le512", outcome="ok", **INFERENCE),
+        _series(REQUESTS.series, "0+6x20", instance="a", length_bucket="le512", outcome="upstream_error", **INFERENCE),
+        _series(REQUESTS.series, "0+12x20", instance="a", length_bucket="2k-8k", outcome="timeout", **INFERENCE),
         _series(waiting, "1x20", instance="b", model_name="m", state="waiting"),
         _series(by_reason, "1x20", instance="b", model_name="m", reason="capacity"),
         _series(KV_USAGE.series, "0.1x20", instance="b", model_name="m"),
         _series(ENGINE_PREEMPTIONS.series, "0+600x20", instance="b", model_name="m"),
-        _series(REQUESTS.series, "0+300x20", instance="b", model_name="m", length_bucket="le512", outcome="ok"),
-        _series(REQUESTS.series, "0+60x20", instance="b", model_name="m", length_bucket="gt32k",
-                outcome="upstream_error"),
+        _series(REQUESTS.series, "0+300x20", instance="b", length_bucket="le512", outcome="ok", **INFERENCE),
+        _series(REQUESTS.series, "0+60x20", instance="b", length_bucket="gt32k", outcome="upstream_error", **INFERENCE),
         _series(KV_USAGE.series, "0.2x20", instance="c", model_name="other"),
     ]
     for instance, gpu, used_bytes, reasons in (

@@ -46,7 +46,8 @@ def _engine(instance: str, *, waiting: float = 4, tokens: str = "500x10", kv: fl
 
 
 def _requests(model: str, outcome: str, per_minute: int) -> dict[str, str]:
-    return _series(REQUESTS.series, f"0+{per_minute}x10", instance="a", model_name=model, outcome=outcome)
+    return _series(REQUESTS.series, f"0+{per_minute}x10", instance="a", model_name=model, outcome=outcome,
+                   route="/v1/completions")
 
 
 def _rejections(model: str, per_minute: int) -> dict[str, str]:

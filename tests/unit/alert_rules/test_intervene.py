@@ -43,14 +43,16 @@ def test_sla_is_per_model_with_a_default_for_the_rest() -> None:
 
 
 def test_breaker_levels_and_actions() -> None:
-    """Degrade is a warning on 1 % errors or 2 s p99; rollback is critical on 3 % and keeps firing."""
+    """Degrade is a warning on 1 % errors or 2 s p99; rollback is critical on 3 % and keeps firing; both need
+    100 requests in the window."""
     alerts = _alerts()
     degrade, rollback = alerts["InferwatchCircuitBreakerDegrade"], alerts["InferwatchCircuitBreakerRollback"]
     assert (degrade.severity, degrade.labels["action"]) == ("warning", "degrade")
     assert "> 0.01)" in degrade.expr
     assert "> 2)" in degrade.expr
     assert (rollback.severity, rollback.labels["action"]) == ("critical", "rollback")
-    assert rollback.expr.endswith("> 0.03")
+    assert "> 0.03)" in rollback.expr
+    assert rollback.expr.endswith(">= 100)")  # rules.breaker_min_requests in the window
     assert rollback.keep_firing_for_s == 300
 
 

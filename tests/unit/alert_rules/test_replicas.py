@@ -34,7 +34,7 @@ def _counter(per_minute: int, minutes: int = 11, restart_at: int | None = None) 
 
 def _requests(instance: str, outcome: str, values: str) -> dict[str, str]:
     return {"series": f'inferwatch_requests_total{{instance="{instance}", model_name="{MODEL}", '
-                      f'outcome="{outcome}"}}', "values": values}
+                      f'outcome="{outcome}", route="/v1/chat/completions"}}', "values": values}
 
 
 def _queue_expr(config: RulesConfig) -> str:

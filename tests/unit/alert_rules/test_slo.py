@@ -9,6 +9,9 @@ from alert_rules.config import RulesConfig
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
 
+ROUTES = 'route=~"/v1/chat/completions|/v1/completions|/v1/embeddings|/v1/responses"'
+"""The matcher of the inference routes, the only requests the SLOs count."""
+
 
 def test_le_value_matches_the_exporter_formatting() -> None:
     """Bucket bounds are written as prometheus_client writes them: 10 -> "10.0" (pitfall 10)."""
@@ -18,8 +21,8 @@ def test_le_value_matches_the_exporter_formatting() -> None:
 def test_latency_slo_counts_requests_above_the_bucket() -> None:
     """Bad latency events are count minus the bucket at the threshold, with its exact le string."""
     latency = slo.latency(5.0)
-    assert f'{E2E_LATENCY_SECONDS.bucket}{{le="5.0"}}' in latency.bad_events
-    assert E2E_LATENCY_SECONDS.count in latency.bad_events
+    assert f'{E2E_LATENCY_SECONDS.bucket}{{{ROUTES}, le="5.0"}}' in latency.bad_events
+    assert f"{E2E_LATENCY_SECONDS.count}{{{ROUTES}}}" in latency.bad_events
 
 
 def test_latency_threshold_off_a_bound_is_refused() -> None:
@@ -32,7 +35,7 @@ def test_availability_counts_error_outcomes_and_never_lacks_a_series() -> None:
     """Bad events are the error outcomes, with a zero fallback so the first error is counted."""
     bad = slo.availability().bad_events
     assert 'outcome=~"upstream_error|timeout|overloaded"' in bad
-    assert f"or (sum by (model_name, instance) ({REQUESTS.series}) * 0)" in bad
+    assert f"or (sum by (model_name, instance) ({REQUESTS.series}{{{ROUTES}}}) * 0)" in bad
 
 
 def test_long_windows_read_recorded_sums_not_raw_series() -> None:
