@@ -171,6 +171,22 @@ async def test_fault_mid_stream_ends_with_an_error_event(
     await check_aftermath(sidecar, answer, outcome, kind, baseline)
 
 
+async def test_a_client_error_keeps_the_upstreams_type_in_the_record_only(sidecar: Sidecar) -> None:
+    """A 4xx: the record names vLLM's type as the client read it; the span and GenAI label carry no error (OTel)."""
+    answer = await send(sidecar, "echo_prompt_400", stream=False)
+    assert answer.status == 400
+    kind = json.loads(answer.body)["error"]["type"]
+    assert kind == "BadRequestError"
+    trace_id = answer.headers["x-trace-id"]
+    record = await record_of(sidecar.logs, trace_id)
+    assert record is not None
+    assert (record["outcome"], record["error_type"]) == ("client_error", kind)
+    (span,) = [s for s in sidecar.spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id]
+    assert span.status.status_code is StatusCode.UNSET
+    assert "error.type" not in span.attributes
+    assert genai_errors(sidecar.registry) == {}
+
+
 def oom_events(registry: CollectorRegistry) -> float:
     return sum(s.value for f in registry.collect() for s in f.samples
                if s.name == "inferwatch_upstream_process_oom_events_total")
