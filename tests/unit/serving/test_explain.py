@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -59,8 +60,9 @@ class Setup:
 
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
-                 aiohttp_client: Callable[..., Awaitable[TestClient]], **serve: Any) -> Setup:
-    upstream = await aiohttp_server(FakeOpenAI(token_delay_s=TOKEN_DELAY_S).app())
+                 aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
+                 **serve: Any) -> Setup:
+    upstream = await aiohttp_server(FakeOpenAI(token_delay_s=token_delay_s, record=False).app())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -191,3 +193,39 @@ async def test_cli_finds_a_request_in_the_sidecar_and_names_where_it_looked_when
     said = capsys.readouterr().err
     assert base in said
     assert f"the archive {tmp_path} has no record of it" in said
+
+
+async def test_a_client_that_stops_reading_is_client_slow_read(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]]
+) -> None:
+    """A client with a small receive buffer that reads nothing for PAUSE_S while a fast stream comes: the
+    stream's wait on it is client_slow_read, the top cause, within the pause the client made."""
+    setup = await _setup(aiohttp_server, aiohttp_client, token_delay_s=0.0)
+    pause_s, trace_id = 1.0, _trace(7)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    url = setup.client.make_url("")
+    await asyncio.get_running_loop().sock_connect(sock, (url.host, url.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    body = json.dumps({"model": "fake-model", "prompt": "hi", "max_tokens": 30000, "stream": True}).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                 b"traceparent: 00-" + trace_id.encode() + b"-00f067aa0ba902b7-01\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    await writer.drain()
+    began = time.perf_counter()
+    await asyncio.sleep(pause_s)
+    paused_s = time.perf_counter() - began
+    while await reader.read(65536):
+        pass
+    writer.close()
+    for _ in range(100):
+        if trace_id in setup.finished:
+            break
+        await asyncio.sleep(0.02)
+    status, explanation = await setup.explain(trace_id)
+    assert status == 200
+    phases = {p["name"]: p["ms"] for p in explanation["phases"]}
+    assert 0.5 * paused_s * 1000 <= phases["client_slow_read"] <= explanation["e2e_ms"]
+    assert explanation["causes"][0]["cause"] == "client_slow_read"
+    setup.plugin.close()
