@@ -145,8 +145,12 @@ def upstream_note(summaries: dict[str, dict[str, Any]]) -> str:
             for peer, _ in UPSTREAM_PEERS:
                 if peer in targets:
                     ratios[peer].append((f"{label} {cell}", targets[peer]["cpu_us_per_req"]["upstream"] / direct))
-    ranges = ", ".join(f"through {label} {min(r for _, r in ratios[peer]):.2f}-{max(r for _, r in ratios[peer]):.2f}×"
-                       for peer, label in UPSTREAM_PEERS if ratios[peer])
+    def span(values: list[float]) -> str:
+        low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+        return f"{low}×" if low == high else f"{low}-{high}×"
+
+    ranges = ", ".join(f"through {label} {span([r for _, r in ratios[peer]])}" for peer, label in UPSTREAM_PEERS
+                       if ratios[peer])
     below = [f"{label} in {cell} ({ratio:.2f}×)" for peer, label in UPSTREAM_PEERS for cell, ratio in ratios[peer]
              if ratio <= 1]
     if below:

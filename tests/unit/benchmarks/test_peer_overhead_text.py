@@ -31,7 +31,7 @@ def test_the_upstream_claim_is_made_when_every_proxy_costs_it_more_in_every_cell
     cells = {"stream/c16": _cell(100, nginx=102, **{"vllm-router-rs": 116, "inferwatch": 111})}
     note = upstream_note({"unpaced": cells})
     assert note.endswith("above direct behind every proxy in every cell, nginx included")
-    assert "through vllm-router 1.16-1.16×" in note
+    assert "through vllm-router 1.16×, through inferwatch 1.11×" in note
 
 
 def _rounds(seed: int, base: float) -> list[list[float]]:
