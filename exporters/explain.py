@@ -78,6 +78,7 @@ class RequestFacts:
     http_status: int
     start_unix: float
     e2e_ms: float
+    length_bucket: str = "unknown"
     ttft_ms: float | None = None
     sent_ms: float | None = None
     connect_ms: float = 0.0
@@ -108,7 +109,8 @@ def facts_from_record(record: RequestRecord) -> RequestFacts:
     return RequestFacts(
         trace_id=record.trace_id, model=record.model, route=record.route, stream=record.stream,
         outcome=record.outcome.value, http_status=record.http_status, start_unix=record.start_unix,
-        e2e_ms=(record.e2e_s or 0.0) * 1000.0, ttft_ms=_ms(record.ttft_s), sent_ms=_ms(record.upstream_sent_s),
+        e2e_ms=(record.e2e_s or 0.0) * 1000.0, length_bucket=record.length_bucket, ttft_ms=_ms(record.ttft_s),
+        sent_ms=_ms(record.upstream_sent_s),
         connect_ms=record.connect_s * 1000.0, client_wait_ms=record.client_wait_s * 1000.0,
         prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
         largest_gap_ms=max(gaps) * 1000.0 if gaps else None,
@@ -132,6 +134,7 @@ def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> Request
         trace_id=str(event.get("trace_id", "")), model=str(event.get("model", "unknown")),
         route=str(event.get("route", "")), stream=bool(event.get("stream")), outcome=str(event.get("outcome", "")),
         http_status=int(event.get("http_status") or 0), start_unix=start_unix,
+        length_bucket=str(event.get("length_bucket", "unknown")),
         e2e_ms=float(event.get("e2e_ms") or 0.0), ttft_ms=event.get("ttft_ms"),
         prompt_tokens=event.get("prompt_tokens"), completion_tokens=event.get("completion_tokens"),
         mean_gap_ms=event.get("itl_ms"), error_type=event.get("error_type"),
@@ -292,8 +295,21 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
     return found
 
 
-def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source: str = "ring") -> dict[str, Any]:
-    """The explanation of one request (schema :data:`SCHEMA`); ``source`` says where its facts came from."""
+PEER_PARTS = ("e2e", "engine_queue", "prefill", "decode")
+"""What is compared with the same model's and length bucket's p50 (``peers``)."""
+
+
+def _peers(by_name: Mapping[str, float], e2e_ms: float, p50_ms: Mapping[str, float]) -> dict[str, Any]:
+    mine = {**by_name, "e2e": e2e_ms}
+    return {part: {"ms": round(mine[part], 1), "p50_ms": round(p50_ms[part], 1),
+                   "ratio": round(mine[part] / p50_ms[part], 2) if p50_ms[part] > 0 else None}
+            for part in PEER_PARTS if part in p50_ms and part in mine}
+
+
+def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source: str = "ring",
+            peers_p50_ms: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The explanation of one request (schema :data:`SCHEMA`); ``source`` says where its facts came from,
+    ``peers_p50_ms`` the p50 of the same model's and length bucket's requests for each of :data:`PEER_PARTS`."""
     phases = _phases(facts)
     by_name = {phase["name"]: phase["ms"] for phase in phases}
     causes = _causes(facts, by_name, context)
@@ -301,11 +317,13 @@ def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source:
     return {
         "schema": SCHEMA, "source": source, "trace_id": facts.trace_id, "model": facts.model, "route": facts.route,
         "stream": facts.stream, "outcome": facts.outcome, "http_status": facts.http_status,
+        "length_bucket": facts.length_bucket,
         "start_unix": round(facts.start_unix, 3), "e2e_ms": round(facts.e2e_ms, 1), "ttft_ms": _round(facts.ttft_ms),
         "prompt_tokens": facts.prompt_tokens, "completion_tokens": facts.completion_tokens,
         "cached_tokens": None if engine is None else engine.cached_tokens,
         "preemptions": None if engine is None else engine.preemptions,
         "engine_numbers": engine is not None,
         "largest_gap_ms": _round(facts.largest_gap_ms), "mean_gap_ms": _round(facts.mean_gap_ms),
-        "phases": phases, "context": context.to_json(), "causes": causes, "reason": causes[0]["text"],
+        "phases": phases, "context": context.to_json(), "peers": _peers(by_name, facts.e2e_ms, peers_p50_ms or {}),
+        "causes": causes, "reason": causes[0]["text"],
     }

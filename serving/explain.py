@@ -19,9 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from alert_rules.engine import RuleFileError, parse_duration_ms
+from alert_rules.promql.evaluate import Evaluator
 from alert_rules.store import SeriesStore
 from exporters.catalog import request as request_specs
 from exporters.catalog import vllm as vllm_specs
+from exporters.catalog.spec import MetricSpec
 from exporters.cold_start import ColdStartTracker
 from exporters.explain import ColdStartSpan, EngineContext, explain, facts_from_record
 from exporters.records import RequestRecord
@@ -29,6 +31,12 @@ from serving.engine_stats import EngineSteps
 from serving.errors import error_body
 
 SLOWEST_MAX = 1000
+PEER_WINDOW = "1h"
+PEER_HISTOGRAMS: dict[str, MetricSpec] = {
+    "e2e": request_specs.E2E_LATENCY_SECONDS, "engine_queue": request_specs.ENGINE_QUEUE_SECONDS,
+    "prefill": request_specs.ENGINE_PREFILL_SECONDS, "decode": request_specs.ENGINE_DECODE_SECONDS,
+}
+"""The sidecar's histograms a request's parts are compared with (same model and length bucket, last hour)."""
 
 
 class RequestRing:
@@ -93,7 +101,7 @@ class ContextSources:
         max_num_seqs: int, scrape_interval_s: float,
     ) -> None:
         self.steps = steps
-        self._store = store
+        self.store = store
         self._cold_starts = cold_starts
         self._max_num_seqs = max_num_seqs or None
         self._pad_s = scrape_interval_s
@@ -109,7 +117,7 @@ class ContextSources:
     def context(self, start_unix: float, end_unix: float) -> EngineContext:
         """The engine's state while a request ran from ``start_unix`` to ``end_unix``."""
         cold = self._cold_start_spans()
-        store = self._store()
+        store = self.store()
         preemptions = in_flight = None
         notes = []
         if store is not None:
@@ -143,10 +151,35 @@ class ContextSources:
             max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
 
 
+def _label_value(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_unix: float) -> dict[str, float]:
+    """The p50 (ms) of each of :data:`PEER_HISTOGRAMS` over the hour before ``at_unix`` for the same model and
+    length bucket, from the embedded engine's store; a part without data is left out."""
+    if store is None:
+        return {}
+    evaluator = Evaluator(store)
+    selector = f'model_name="{_label_value(model)}",length_bucket="{_label_value(length_bucket)}"'
+    found = {}
+    for part, spec in PEER_HISTOGRAMS.items():
+        expr = f"histogram_quantile(0.5, sum by (le) (increase({spec.bucket}{{{selector}}}[{PEER_WINDOW}])))"
+        try:
+            result = evaluator.query(expr, int(at_unix * 1000))
+        except Exception:  # the store busy under the engine's thread: no comparison, and no failure
+            continue
+        values = [value for _labels, value in result] if isinstance(result, list) else []
+        if values and values[0] == values[0]:  # NaN: no request in the window
+            found[part] = values[0] * 1000.0
+    return found
+
+
 def explain_record(record: RequestRecord, sources: ContextSources) -> dict[str, Any]:
     """The explanation of a request in the ring."""
     facts = facts_from_record(record)
-    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring")
+    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring",
+                   peers_p50_ms=peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time()))
 
 
 _NO_STORE = {"Cache-Control": "no-store"}

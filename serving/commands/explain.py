@@ -151,11 +151,18 @@ def render(explanation: dict[str, Any]) -> str:
         note = ""
         if phase["name"] in ("decode", "generation") and e["largest_gap_ms"] is not None:
             note = f"  largest gap {e['largest_gap_ms']:,.1f} ms"
+        peer = e.get("peers", {}).get(phase["name"])
+        if peer is not None and peer["ratio"] is not None:
+            note += f"  {peer['ratio']:,.1f}x the bucket's p50 ({peer['p50_ms']:,.1f} ms)"
         if not phase["split"]:
             note += "  (not split without vLLM's plugin)" if phase["name"] != "sidecar_and_vllm_front_end" \
                 else "  (the archive does not split it)"
         lines.append(f"  {phase['name']:<{width}}  {phase['ms']:>10,.1f} ms  {phase['share']:>6.1%}  "
                      f"{_bar(phase['share'])}{note}")
+    peer = e.get("peers", {}).get("e2e")
+    if peer is not None and peer["ratio"] is not None:
+        lines.append(f"  e2e {peer['ratio']:,.1f}x the p50 of {e['model']}'s {e['length_bucket']} requests over the "
+                     f"last hour ({peer['p50_ms']:,.1f} ms)")
     causes = e["causes"]
     lines.append("Why: " + "; ".join(c["text"] for c in causes[:3]) + ".")
     context = e["context"]

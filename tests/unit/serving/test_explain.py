@@ -8,6 +8,7 @@ explanation's parts must add up to.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import time
@@ -15,14 +16,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporters.catalog.request import E2E_LATENCY_SECONDS
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
 from exporters.records import RequestRecord
 from serving import config as cfg
 from serving.app import OBSERVERS, build_app
 from serving.cli import main
 from serving.explain import RequestRing
+from serving.rule_engine import RULE_RUNNER
 from tests.fakes.openai_upstream import FakeOpenAI
 
 TOKEN_DELAY_S = 0.05
@@ -36,6 +40,7 @@ def _trace(i: int) -> str:
 class Setup:
     def __init__(self, client: TestClient, finished: dict[str, RequestRecord], plugin_port: int) -> None:
         self.client = client
+        self.app: web.Application | None = None
         self.finished = finished
         self.plugin = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.plugin_address = ("127.0.0.1", plugin_port)
@@ -61,7 +66,7 @@ class Setup:
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                  aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
-                 **serve: Any) -> Setup:
+                 rules_interval_s: float = 15.0, **serve: Any) -> Setup:
     upstream = await aiohttp_server(FakeOpenAI(token_delay_s=token_delay_s, record=False).app())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,10 +74,13 @@ async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
     settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"),
                            engine_stats_listen=f"udp://127.0.0.1:{port}", engine_stats_wait_ms=2000.0, **serve)
     settings = cfg.replace(settings, "scrape", enabled=False)
+    settings = cfg.replace(settings, "rules", evaluation_interval_s=rules_interval_s)
     app = build_app(settings)
     finished: dict[str, RequestRecord] = {}
     app[OBSERVERS].append(lambda record, _span: finished.__setitem__(record.trace_id, record))
-    return Setup(await aiohttp_client(app), finished, port)
+    setup = Setup(await aiohttp_client(app), finished, port)
+    setup.app = app
+    return setup
 
 
 @pytest.fixture(name="setup")
@@ -228,4 +236,47 @@ async def test_a_client_that_stops_reading_is_client_slow_read(
     phases = {p["name"]: p["ms"] for p in explanation["phases"]}
     assert 0.5 * paused_s * 1000 <= phases["client_slow_read"] <= explanation["e2e_ms"]
     assert explanation["causes"][0]["cause"] == "client_slow_read"
+    setup.plugin.close()
+
+
+async def test_peers_are_the_buckets_p50_from_the_embedded_engines_store(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]]
+) -> None:
+    """Five requests of one model and length bucket: the explanation's e2e p50 lies in the histogram bucket that
+    holds the median of the five e2e the proxy measured."""
+    setup = await _setup(aiohttp_server, aiohttp_client, token_delay_s=0.01, rules_interval_s=1.0)
+    assert setup.app is not None
+    store = setup.app[RULE_RUNNER].store
+
+    def stored_after(t_ms: int) -> bool:
+        return bool(store.window(E2E_LATENCY_SECONDS.bucket, [], t_ms, 2**62))
+
+    async def ingested_after(t_ms: int) -> None:
+        for _ in range(100):
+            if stored_after(t_ms):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the rule engine never ingested")
+
+    await setup.request(_trace(19))  # the series appear with a first request; a sample of them before the five
+    await ingested_after(int(time.time() * 1000) + 1)  # lets increase() count all five
+    for i, tokens in enumerate((1, 5, 20, 60, 150)):  # 10 ms to 1.5 s: a p50 in another bucket than its p99
+        response = await setup.client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "hi", "max_tokens": tokens, "stream": True},
+            headers={"traceparent": f"00-{_trace(20 + i)}-00f067aa0ba902b7-01"})
+        await response.read()
+    for _ in range(100):  # each request's observers ran (its histograms hold it)
+        if all(_trace(20 + i) in setup.finished for i in range(5)):
+            break
+        await asyncio.sleep(0.02)
+    await ingested_after(int(time.time() * 1000) + 1)
+    e2e = sorted((setup.finished[_trace(20 + i)].e2e_s or 0.0) for i in range(5))
+    median = e2e[2]
+    bounds = (0.0, *(E2E_LATENCY_SECONDS.buckets or ()))
+    low, high = next((a, b) for a, b in itertools.pairwise(bounds) if a < median <= b)
+    status, explanation = await setup.explain(_trace(22))
+    assert status == 200
+    peer = explanation["peers"]["e2e"]
+    assert low * 1000 <= peer["p50_ms"] <= high * 1000, (e2e, peer)
+    assert peer["ratio"] == pytest.approx(explanation["e2e_ms"] / peer["p50_ms"], rel=0.01)
     setup.plugin.close()
