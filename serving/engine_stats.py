@@ -62,10 +62,10 @@ class EngineSteps:
         self._steps.append((time.time(), step))
 
     def between(self, start_unix: float, end_unix: float) -> list[EngineStepStats] | None:
-        """The steps in ``[start, end]`` and the one before (the state at the start); None when the kept
-        steps do not reach back to ``start``."""
+        """The steps in ``[start, end]`` and the one before (the state at the start); None when no kept step
+        came before ``end`` (the steps may begin after ``start``: a sidecar that started meanwhile)."""
         steps = list(self._steps)
-        if not steps or steps[0][0] > start_unix:
+        if not steps or steps[0][0] > end_unix:
             return None
         inside = [step for t, step in steps if start_unix <= t <= end_unix]
         before = [step for t, step in steps if t < start_unix][-1:]
