@@ -12,6 +12,7 @@ import pytest
 from serving import cli
 from serving.loadtest.warmup import WarmupResult, WarmupSpec, ttft_spread, warm_up
 from tests.harness import servers
+from tests.harness.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.real_server
 
@@ -27,9 +28,11 @@ def _cli_main(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
 
 
 def test_loadtest_through_the_sidecar(
-    sidecar: servers.SidecarServer, cli_main: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]
+    sidecar: servers.SidecarServer, otlp_receiver: OtlpReceiver, cli_main: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Twelve streamed requests with ignore_eos all succeed, each with max_tokens tokens and a 32-hex trace id."""
+    """Twelve streamed requests with ignore_eos all succeed, each with max_tokens tokens and a 32-hex trace id;
+    each slowest request's span is where the table's hint sends the reader, the sidecar's trace backend."""
     code = cli_main(["loadtest", "--url", sidecar.base_url, "--model", MODEL, "--requests", "12",
                      "--concurrency", "4", "--prompt-tokens", "16", "--max-tokens", "8", "--ignore-eos",
                      "--timeout", "60", "--json"])
@@ -47,6 +50,8 @@ def test_loadtest_through_the_sidecar(
     trace_ids = [slow["trace_id"] for slow in report["slowest"]]
     assert len(trace_ids) == 5
     assert all(HEX32.fullmatch(t) for t in trace_ids), trace_ids
+    for trace_id in trace_ids:
+        assert otlp_receiver.wait_for(lambda s, t=trace_id: s.service == "inferwatch" and s.trace_id == t, 30)
 
 
 def _assert_settled_at_first_chance(spec: WarmupSpec, result: WarmupResult) -> None:
