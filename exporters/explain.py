@@ -41,7 +41,8 @@ KV_FULL = 0.9
 """KV usage at or above this while a request queued: it waited for KV blocks (``queue_kv_capacity``)."""
 DECODE_SHARE_CONTENDED = 0.5
 BUSY_BATCH = 4
-"""Running requests from which a decode holding most of the e2e counts as contended (or half of max_num_seqs)."""
+"""Running requests from which a decode holding most of the e2e counts as contended (half of max_num_seqs when
+that is fewer, at least 2)."""
 STALL_MIN_MS = 1000.0
 STALL_RATIO = 10.0
 """A gap between tokens of at least STALL_MIN_MS and STALL_RATIO times the request's median gap is a stall."""
@@ -269,7 +270,7 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
                                 prefill_ms=round(engine.prefill_ms, 1), prompt_tokens=prompt,
                                 cached_tokens=engine.cached_tokens))
     decode_ms = phases.get("decode", phases.get("generation", 0.0))
-    busy = max(BUSY_BATCH, (context.max_num_seqs or 0) // 2)
+    busy = min(BUSY_BATCH, max(2, context.max_num_seqs // 2)) if context.max_num_seqs else BUSY_BATCH
     if e2e > 0 and decode_ms / e2e >= DECODE_SHARE_CONTENDED and (context.running_max or 0) >= busy:
         found.append(_cause("decode_contention", decode_ms, f"its decode shared the engine with up to "
                             f"{context.running_max} running requests (mean gap {facts.mean_gap_ms or 0:.1f} ms)",

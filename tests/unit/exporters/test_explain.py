@@ -53,9 +53,11 @@ def test_stall_is_a_gap_far_above_the_requests_own() -> None:
 
 
 def test_decode_contention_needs_a_busy_batch() -> None:
-    """A decode holding most of the e2e is decode_contention with 8 running, no cause when alone."""
+    """A decode holding most of the e2e is decode_contention with 8 running (2 of max_num_seqs 4), no cause alone."""
     assert _causes(_facts(), EngineContext("plugin_steps", running_max=8)) == ["decode_contention"]
     assert _causes(_facts(), EngineContext("plugin_steps", running_max=1)) == ["none"]
+    assert _causes(_facts(), EngineContext("plugin_steps", running_max=8, max_num_seqs=256)) == ["decode_contention"]
+    assert _causes(_facts(), EngineContext("plugin_steps", running_max=2, max_num_seqs=4)) == ["decode_contention"]
 
 
 def test_a_request_sent_during_warm_up_is_cold_start_and_one_cut_by_a_restart_is_upstream_restart() -> None:
