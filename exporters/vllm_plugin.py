@@ -30,7 +30,8 @@ from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, enc
 
 ENV = "INFERWATCH_ENGINE_STATS"
 STEP_INTERVAL_S = 0.1
-"""A step with no finished request sends its scheduler state at most this often."""
+"""A step with no finished request and the same requests running and waiting sends its scheduler state at most
+this often (a change of either, an admission or a preemption, is sent at once: the KV usage jumps with it)."""
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ class InferwatchStatLogger(StatLoggerBase):
         self.dropped = 0
         self.sent = 0
         self._last_step = 0.0
+        self._last_counts = (-1, -1)
+        """Requests running and waiting in the latest state sent."""
         self._latest: Any = None
         """vLLM's latest scheduler stats, sent or not (what :meth:`log` repeats)."""
         self._socket: socket.socket | None = None
@@ -100,12 +103,16 @@ class InferwatchStatLogger(StatLoggerBase):
             finished = iteration_stats.finished_requests if iteration_stats is not None else ()
             if scheduler_stats is not None:
                 self._latest = scheduler_stats
-            now = time.monotonic()
-            if not finished and (scheduler_stats is None or now - self._last_step < STEP_INTERVAL_S):
-                return
+            if not finished:
+                if scheduler_stats is None:
+                    return
+                counts = (scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs)
+                if counts == self._last_counts and time.monotonic() - self._last_step < STEP_INTERVAL_S:
+                    return
             step = None
             if scheduler_stats is not None:
-                self._last_step = now
+                self._last_step = time.monotonic()
+                self._last_counts = (scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs)
                 step = self._step(scheduler_stats)
             for datagram in encode(step, [_request(r) for r in finished]):
                 self._send(datagram)

@@ -178,8 +178,28 @@ def test_while_vllm_idles_its_stats_log_repeats_the_latest_state(
         scheduler, iteration = _vllm_stats(0)
         logger.record(scheduler, iteration)
         listener.recv(65536)
-        scheduler.num_running_reqs = 0  # a later step inside the 0.1 s interval: not sent by record()
+        scheduler.kv_cache_usage = 0.8  # a later step inside the 0.1 s interval, same requests: not sent
         logger.record(scheduler, iteration)
         logger.log()
-        assert decode(listener.recv(65536)) == (EngineStepStats(0.75, 0, 2, 1, 0), [])
+        assert decode(listener.recv(65536)) == (EngineStepStats(0.8, 4, 2, 1, 0), [])
     assert logger.sent == 3
+
+
+def test_an_admission_or_a_preemption_is_sent_at_once(plugin_module: types.ModuleType,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the 0.1 s interval, a step whose running or waiting count changed (the KV usage jumps with it) is
+    sent; one where only the usage grew is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, f"udp://127.0.0.1:{listener.getsockname()[1]}")
+        logger = plugin_module.InferwatchStatLogger(None)
+        scheduler, iteration = _vllm_stats(0)
+        logger.record(scheduler, iteration)
+        listener.recv(65536)
+        scheduler.kv_cache_usage = 0.78
+        logger.record(scheduler, iteration)
+        scheduler.num_running_reqs, scheduler.num_waiting_reqs, scheduler.kv_cache_usage = 3, 3, 0.5  # preempted
+        logger.record(scheduler, iteration)
+        assert decode(listener.recv(65536)) == (EngineStepStats(0.5, 3, 3, 1, 0), [])
+    assert logger.sent == 2
