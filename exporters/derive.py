@@ -280,13 +280,16 @@ def running_entries(
     entries: Sequence[InFlight], running: float | None, block_size: int | None = None,
     usable_blocks: int | None = None,
 ) -> Sequence[InFlight]:
-    """The in-flight requests vLLM is running: ``running`` of them, those receiving tokens first, then the oldest.
+    """The in-flight requests vLLM is running: ``running`` of them, those receiving tokens first (the latest
+    token first), then the oldest.
 
     vLLM schedules first come, first served, and a preempted request goes back to the head of the
     queue: the requests that wait hold no KV block. The order in which the sidecar saw the requests
     start (their status lines) need not be the order vLLM admitted them, so a stream whose tokens are
     coming (``InFlight.generating``: one lately, so not a preempted one) counts as running before an
-    older one still waiting.
+    older one still waiting. A running stream gets a token every engine step, so among those, the one
+    whose latest token is oldest (``InFlight.quiet_ns``) is the one vLLM has most likely preempted since:
+    it counts last.
 
     With the running count unknown (the latest scrape failed), the streams receiving tokens run, and
     the others join oldest first as long as their blocks fit in ``usable_blocks``, stopping at the
@@ -294,7 +297,8 @@ def running_entries(
     With neither the count nor the capacity known, all.
     """
     if running is not None:
-        return sorted(entries, key=lambda entry: not entry.generating)[: max(round(running), 0)]  # stable
+        ranked = sorted(entries, key=lambda e: (not e.generating, (e.quiet_ns or 0) if e.generating else 0))
+        return ranked[: max(round(running), 0)]  # stable: the others in start order
     if not block_size or block_size <= 0 or usable_blocks is None:
         return entries
     held = [entry for entry in entries if entry.generating]

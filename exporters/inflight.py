@@ -33,6 +33,9 @@ class InFlight:
     """When the request entered the table (``time.monotonic_ns``: one clock for every process of the host)."""
     generating: bool = False
     """Its tokens are coming (a stream with content lately): vLLM is running it, whatever its place in line."""
+    quiet_ns: int | None = None
+    """How long since its latest content chunk when the table was read (None: no chunk yet, or not known). Among
+    generating streams, the quietest is the likeliest to have been preempted since."""
 
 
 GENERATING_WITHIN_NS = 2_000_000_000
@@ -89,11 +92,12 @@ class InFlightTokens:
         """A copy of this process's entries, in start order."""
         out, now_ns = [], time.perf_counter_ns()
         for model, tokens, stream, started in list(self._table.values()):
-            generated, generating = 0, False
+            generated, generating, quiet = 0, False, None
             if stream is not None:
                 generated, last = stream.content_events, stream.last_content_ns  # type: ignore[attr-defined]
-                generating = last is not None and now_ns - last < GENERATING_WITHIN_NS
-            out.append(InFlight(str(model), int(tokens) + int(generated), started, generating))  # type: ignore[call-overload, arg-type, operator]
+                quiet = now_ns - last if last is not None else None
+                generating = quiet is not None and quiet < GENERATING_WITHIN_NS
+            out.append(InFlight(str(model), int(tokens) + int(generated), started, generating, quiet))  # type: ignore[call-overload, arg-type, operator]
         return out
 
     def set_remote(self, source: str, entries: list[InFlight], *, ttl_s: float) -> None:

@@ -135,3 +135,13 @@ def test_energy_used(previous: dict[str, float | None], current: dict[str, float
                      expected: float | None) -> None:
     """Energy used is the sum of the counters' increases, and unknown (None) whenever a GPU's is."""
     assert energy_used(previous, current) == expected
+
+
+def test_of_the_streams_receiving_tokens_the_quietest_counts_last() -> None:
+    """A preemption storm: three streams had a token within 2 s, vLLM runs two. The one whose latest token is
+    oldest (1.5 s ago, against 20 ms: it stopped getting a token every step) was preempted, though it started
+    first; the two with fresh tokens hold the blocks."""
+    preempted = InFlight("m", 600, 1, generating=True, quiet_ns=1_500_000_000)
+    running = [InFlight("m", 500, 2, generating=True, quiet_ns=20_000_000),
+               InFlight("m", 400, 3, generating=True, quiet_ns=10_000_000)]
+    assert running_entries([preempted, *running], 2.0) == [running[1], running[0]]
