@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from exporters.catalog.request import E2E_LATENCY_SECONDS
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
 from exporters.records import RequestRecord
+from log_pipeline.query import Archive
 from serving import config as cfg
 from serving.app import OBSERVERS, build_app
 from serving.cli import main
@@ -66,7 +67,7 @@ class Setup:
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                  aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
-                 rules_interval_s: float = 15.0, **serve: Any) -> Setup:
+                 rules_interval_s: float = 15.0, archive: str = "", **serve: Any) -> Setup:
     upstream = await aiohttp_server(FakeOpenAI(token_delay_s=token_delay_s, record=False).app())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -75,6 +76,7 @@ async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                            engine_stats_listen=f"udp://127.0.0.1:{port}", engine_stats_wait_ms=2000.0, **serve)
     settings = cfg.replace(settings, "scrape", enabled=False)
     settings = cfg.replace(settings, "rules", evaluation_interval_s=rules_interval_s)
+    settings = cfg.replace(settings, "logs", dir=archive, success_sample_ratio=1.0, frame_max_ms=20.0)
     app = build_app(settings)
     finished: dict[str, RequestRecord] = {}
     app[OBSERVERS].append(lambda record, _span: finished.__setitem__(record.trace_id, record))
@@ -195,7 +197,7 @@ async def test_cli_finds_a_request_in_the_sidecar_and_names_where_it_looked_when
     loop = asyncio.get_running_loop()
     found = await loop.run_in_executor(None, main, ["explain", _trace(5), "--sidecar", base, "--json"])
     assert found == 0
-    assert json.loads(capsys.readouterr().out)["trace_id"] == _trace(5)
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["trace_id"] == _trace(5)
     missing = await loop.run_in_executor(None, main, ["explain", _trace(6), "--sidecar", base, "--dir", str(tmp_path)])
     assert missing == 1
     said = capsys.readouterr().err
@@ -279,4 +281,31 @@ async def test_peers_are_the_buckets_p50_from_the_embedded_engines_store(
     peer = explanation["peers"]["e2e"]
     assert low * 1000 <= peer["p50_ms"] <= high * 1000, (e2e, peer)
     assert peer["ratio"] == pytest.approx(explanation["e2e_ms"] / peer["p50_ms"], rel=0.01)
+    setup.plugin.close()
+
+
+async def test_cli_lists_the_slowest_from_the_archive_when_the_sidecar_is_gone(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]],
+    tmp_path: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`explain --slowest 2 --dir` with no sidecar answering: the two slowest archived requests, slowest first,
+    each with its cause."""
+    setup = await _setup(aiohttp_server, aiohttp_client, archive=str(tmp_path))
+    for i, tokens in enumerate((1, 6, 3)):
+        response = await setup.client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "hi", "max_tokens": tokens, "stream": True},
+            headers={"traceparent": f"00-{_trace(30 + i)}-00f067aa0ba902b7-01"})
+        await response.read()
+    for _ in range(200):
+        if len(list(Archive(tmp_path).records())) == 3:
+            break
+        await asyncio.sleep(0.02)
+    gone = "http://127.0.0.1:9"  # the discard port: nothing answers
+    loop = asyncio.get_running_loop()
+    args = ["explain", "--slowest", "2", "--since", "5m", "--sidecar", gone, "--dir", str(tmp_path), "--json"]
+    assert await loop.run_in_executor(None, main, args) == 0
+    listed = json.loads(capsys.readouterr().out.splitlines()[-1])  # the sidecar's own log lines come first
+    assert listed["source"] == "archive"
+    assert [row["trace_id"] for row in listed["requests"]] == [_trace(31), _trace(32)]
+    assert all(row["cause"] for row in listed["requests"])
     setup.plugin.close()
