@@ -335,3 +335,60 @@ def _panels_count_what_happened(
     edges = 2 * 1.1 * 1.0 / (window - 2.2)  # rate() may extrapolate by 1.1 scrape intervals at each end
     for name, (panel, truth) in checks.items():
         assert panel == pytest.approx(truth, rel=edges, abs=0.5), (name, panel, truth, f"within {edges:.1%}")
+
+
+def test_preemption_panels_count_vllms_preemptions_where_it_preempts(
+    idle_tiny_kv_server: servers.VllmServer, prometheus_factory: Callable[[str], servers.PrometheusServer],
+    tmp_path: Path,
+) -> None:
+    """The shared vLLM never preempts (its panels would compare 0 with 0): here 8 streams of 600 tokens on the
+    tiny-KV server's 64 usable blocks go through a sidecar, with Prometheus scraping both every second. vLLM's
+    own counter must rise, and both targets of the preemptions panel, run over the test's window, count
+    what it rose by (within rate()'s extrapolation at the window's edges)."""
+    server = idle_tiny_kv_server
+    sidecar = servers.start_sidecar(server.base_url, tmp_path, ["--scrape-interval-s", "1"])
+    try:
+        config, host = DashboardConfig(), (lambda url: url.split("//", 1)[1])
+        prometheus = prometheus_factory(f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - {{job_name: {config.sidecar_job}, static_configs: [{{targets: ["{host(sidecar.base_url)}"]}}]}}
+  - {{job_name: {config.vllm_job}, static_configs: [{{targets: ["{host(server.base_url)}"]}}]}}
+""")
+        _wait_until_scraped(prometheus, f"count({engine.ENGINE_PREEMPTIONS.series}) "
+                                        f"and count({cv.NUM_PREEMPTIONS.series})")
+        start = time.time()
+        before = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series)
+        prompt = " ".join(["water time people"] * 43)
+        threads = [threading.Thread(target=_post, args=(f"{sidecar.base_url}/v1/completions", {
+            "model": server.model_name, "prompt": f"{n} {prompt}", "max_tokens": 600, "ignore_eos": True,
+            "stream": True}), daemon=True) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=240)
+        preempted = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series) - before
+        read_at = time.time()
+        assert preempted > 0, "vLLM must preempt for the panels' count to mean anything"
+        # Prometheus holds vLLM's final count, and the sidecar's from a scrape of vLLM that began after it was read
+        _wait_until_scraped(prometheus, f"sum({cv.NUM_PREEMPTIONS.series}) >= {before + preempted}")
+        _wait_until_scraped(prometheus, f"max({engine.SCRAPE_LAST_SUCCESS.name} - {engine.SCRAPE_DURATION.name}) "
+                                        f"> {read_at:.3f}")
+        window = int(time.time() - start) + 2
+        panels = {target.legend: _panel_total(prometheus, target, window) for target in q.preemptions()}
+    finally:
+        sidecar.stop()
+    print(f"vLLM preempted {preempted:.0f} times; the panels over {window} s: {panels}")
+    edges = 2 * 1.1 * 1.0 / (window - 2.2)  # rate() may extrapolate by 1.1 scrape intervals at each end
+    for legend, panel in panels.items():
+        assert panel == pytest.approx(preempted, rel=edges, abs=0.5), (legend, panel, preempted, f"within {edges:.1%}")
+
+
+def _wait_until_scraped(prometheus: servers.PrometheusServer, query: str, deadline_s: float = 60.0) -> None:
+    """Until ``query`` returns a series in Prometheus."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if _instant_query(prometheus, query).get("data", {}).get("result"):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"Prometheus never answered {query!r} with a series")
