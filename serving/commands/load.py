@@ -35,7 +35,8 @@ LOADTEST_HELP = """Send a bounded load (--requests N, --duration S, or both: whi
 OpenAI-compatible server, vLLM directly or through `inferwatch serve`, and report what the client saw:
 p50/p90/p99 of time to first token (streamed only), inter-token gaps and end-to-end latency,
 requests/s, output tokens/s (from usage), errors by status, and the trace ids of the slowest
-requests (returned by the sidecar in x-trace-id: each one's span is in the sidecar's trace backend;
+requests (returned by the sidecar in x-trace-id: `inferwatch explain ID` finds each one while the
+sidecar holds it among its newest requests, its span is in the sidecar's trace backend, and
 `inferwatch logs search` finds its record only if the archive kept it, as it keeps errors, requests
 over their SLA and logs.success_sample_ratio of the rest).
 Load is either --concurrency C workers, each sending its next request when the last one ends

@@ -7,7 +7,8 @@ from serving.loadtest.stats import Distribution, LoadReport
 from serving.loadtest.steps import RunResult
 
 SLOWEST_HINT = [
-    "(each trace id: its span in the sidecar's trace backend (tracing.otlp_endpoint); its log record in",
+    "(each trace id: `inferwatch explain ID --sidecar URL` while the sidecar holds it (its newest",
+    " serve.explain_ring_size requests); its span in the sidecar's trace backend; its log record in",
     " `inferwatch logs search --trace-id` only if the archive kept it: errors, requests over their SLA",
     " (rules.sla_default_s), logs.success_sample_ratio (5 %) of the rest; serve with",
     " --logs-success-sample-ratio 1 to keep every request of a load test)",

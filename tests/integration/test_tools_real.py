@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import urllib.request
 from collections.abc import Callable
 
 import pytest
@@ -32,7 +33,7 @@ def test_loadtest_through_the_sidecar(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Twelve streamed requests with ignore_eos all succeed, each with max_tokens tokens and a 32-hex trace id;
-    each slowest request's span is where the table's hint sends the reader, the sidecar's trace backend."""
+    each slowest request is where the table's hint sends the reader: the sidecar's ring and its trace backend."""
     code = cli_main(["loadtest", "--url", sidecar.base_url, "--model", MODEL, "--requests", "12",
                      "--concurrency", "4", "--prompt-tokens", "16", "--max-tokens", "8", "--ignore-eos",
                      "--timeout", "60", "--json"])
@@ -52,6 +53,8 @@ def test_loadtest_through_the_sidecar(
     assert all(HEX32.fullmatch(t) for t in trace_ids), trace_ids
     for trace_id in trace_ids:
         assert otlp_receiver.wait_for(lambda s, t=trace_id: s.service == "inferwatch" and s.trace_id == t, 30)
+        with urllib.request.urlopen(f"{sidecar.base_url}/admin/requests/{trace_id}", timeout=10) as response:
+            assert json.loads(response.read())["trace_id"] == trace_id  # `inferwatch explain ID` finds it
 
 
 def _assert_settled_at_first_chance(spec: WarmupSpec, result: WarmupResult) -> None:
