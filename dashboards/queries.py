@@ -388,7 +388,8 @@ def kv_blocks() -> list[Query]:
     return [
         Query(by("model_name", sel(engine.KV_BLOCKS_USED)), "used {{model_name}}"),
         Query(by("model_name", sel(engine.KV_BLOCKS_TOTAL)), "total {{model_name}}"),
-        Query(by("model_name", sel(engine.KV_INFLIGHT_BLOCKS)), "held in flight {{model_name}}"),
+        Query(by("model_name", sel(engine.KV_INFLIGHT_BLOCKS)), "held in flight (vLLM's with the plugin, else "
+              "estimated) {{model_name}}"),
     ]
 
 

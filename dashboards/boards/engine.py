@@ -52,10 +52,11 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
                    "the fullest replica (the KV alert fires per replica) and vLLM's gauge per engine of each "
                    "replica; the dashed line is the KV alert's threshold.", "percentunit",
                    q.kv_usage(), thresholds=kv_levels, lines=True, min_value=0, max_value=1),
-        timeseries("KV blocks used and total", "KV-cache blocks in use against blocks allocated, and the blocks "
-                   "held by the requests vLLM runs: vLLM's own count after its latest step while its stat-logger "
-                   f"plugin is heard ({PLUGIN_UP.name} 1), else the sidecar's estimate from its "
-                   "live token counts.", "short", q.kv_blocks()),
+        timeseries("KV blocks used, total, in flight (estimate without the plugin)", "KV-cache blocks in use "
+                   "against blocks allocated, and the blocks held by the requests vLLM runs: vLLM's own count "
+                   f"after its latest step while its stat-logger plugin is heard ({PLUGIN_UP.name} 1), else the "
+                   "sidecar's estimate from its live token counts, which lags vLLM by whole requests between an "
+                   "admission or a preemption and the next scrape.", "short", q.kv_blocks()),
         timeseries("KV block fragmentation (estimate)", "Estimated internal fragmentation of the blocks held by "
                    "the running requests: 1 - tokens / (blocks x block size), the worst replica; the tokens are "
                    "the sidecar's live counts, the blocks vLLM's own while its stat-logger plugin is heard, else "
