@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exporters.explain import ColdStartSpan, EngineContext, EnginePhases, RequestFacts, explain
+from exporters.explain import CAUSES, ColdStartSpan, EngineContext, EnginePhases, RequestFacts, explain
 
 START = 1_700_000_000.0
 
@@ -100,3 +101,16 @@ def test_a_client_wait_while_vllm_still_generated_is_not_counted_twice() -> None
     assert phases["client_slow_read"] == pytest.approx(78.0)
     assert phases["vllm_front_end"] == 0.0
     assert sum(phases.values()) == pytest.approx(1000.0)
+
+
+def test_the_readme_documents_the_vocabulary_and_every_cause_named_is_in_it() -> None:
+    """Each cause of CAUSES is named in the README's "Explain a request", and the causes the tests above
+    produce are all in CAUSES."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme[readme.index("## Explain a request"):readme.index("## When things go wrong")]
+    assert [cause for cause in CAUSES if f"`{cause}`" not in section] == []
+    produced = {"queue_kv_capacity", "queue_full_batch", "long_prefill", "stall", "decode_contention", "cold_start",
+                "upstream_restart", "upstream_error", "client_slow_read", "none", "preempted", "sidecar"}
+    assert produced <= set(CAUSES)
+    sidecar_slow = _facts(e2e_ms=1000.0, sent_ms=400.0, engine=EnginePhases(1.0, 20.0, 500.0, 0, 0))
+    assert _causes(sidecar_slow)[0] == "sidecar"
