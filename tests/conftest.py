@@ -7,6 +7,8 @@ fails. vLLM servers are shared per session: one regular, one with a tiny KV cach
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -14,7 +16,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+import structlog
 
+from log_pipeline import chain
 from tests.harness import servers
 from tests.harness.otlp_receiver import OtlpReceiver
 
@@ -31,6 +35,20 @@ def require(start: Callable[[], T]) -> T:
             pytest.fail(f"real server unavailable under CI=true: {err}", pytrace=False)
         pytest.skip(f"real server unavailable: {err}")
         raise  # unreachable
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that runs ``serve`` in-process points logging at its stream (often pytest's capture, closed
+    after the test): here that set-up caches no logger, and logging is put back afterwards, so a later
+    test never logs into a closed stream, whatever order the tests run in (pytest-xdist's included)."""
+    monkeypatch.setattr(chain, "configure_logging", functools.partial(chain.configure_logging, cache=False))
+    root = logging.getLogger()
+    handlers, level, config = root.handlers[:], root.level, structlog.get_config()
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.configure(**config)
 
 
 @pytest.fixture(scope="session")
