@@ -63,13 +63,13 @@ async def test_degraded_model_sheds_low_priority_requests(
 ) -> None:
     """Errors fire the embedded engine's degrade alert for the model; then its low-priority requests get 503.
 
-    The circuit breaker runs on a 10 s window, evaluated every second, with no ``for``, so the
-    real rule fires within a few seconds of the errors. High-priority requests and other models
-    pass.
+    The circuit breaker runs on a 10 s window holding at least 10 requests, evaluated every second,
+    with no ``for``, so the real rule fires within a few seconds of the errors. High-priority
+    requests and other models pass.
     """
     server, _ = fast
     settings = cfg.replace(cfg.defaults(), "rules", breaker_window_s=10.0, breaker_for_s=0.0,
-                           evaluation_interval_s=1.0)
+                           breaker_min_requests=10, evaluation_interval_s=1.0)
     sidecar, runner = await start_sidecar(server.url, tmp_path / "logs", settings=settings, shed_on_degrade=True,
                                           readiness_interval_s=1.0)
     try:
