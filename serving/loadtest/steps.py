@@ -111,6 +111,11 @@ async def run_steps(
                 first_index += report.sent
             if restarts is not None:
                 result.cold_starts = await restarts
+                if result.timeline is not None:
+                    back = max((event.ready_s for event in result.cold_starts if event.ready_s is not None),
+                               default=None)
+                    if back is not None:
+                        await _sampled_after(result.timeline, back, clock, sleep)
         finally:
             for task in background:
                 task.cancel()
@@ -124,6 +129,15 @@ async def run_steps(
         for event in result.cold_starts:
             measure_shock(event, result.results, plan.cold_starts.shock_window_s)
     return result
+
+
+async def _sampled_after(timeline: tl.Timeline, t_s: float, clock: Clock, sleep: Sleep) -> None:
+    """Wait (at most three scrape intervals) until the timeline holds a scrape begun after ``t_s`` (seconds after
+    the start, as the samples' times): a run whose load ended before the upstream was ready again still shows
+    the engine back, not only its gap."""
+    deadline = clock() + 3 * timeline.interval_s
+    while not any(sample.t_s > t_s for sample in timeline.samples) and clock() < deadline:
+        await sleep(timeline.interval_s / 4)
 
 
 async def _restarts(

@@ -168,6 +168,29 @@ class TestColdStarts:
         assert event.restart_s == pytest.approx(0.3, abs=0.2)
         assert event.requests_before > 0
 
+    async def test_the_timeline_shows_the_upstream_back_when_the_load_ended_first(
+        self, aiohttp_server: Servers
+    ) -> None:
+        """The load ends while the upstream is still restarting: the run still takes a scrape after ready."""
+        fake = FakeOpenAI(model_name="m", token_delay_s=0.01,
+                          metrics_text=(DATA / "vllm_v1_engine_0.32.prom").read_text())
+        url = await _url(aiohttp_server, fake)
+
+        async def restart() -> None:
+            fake.unhealthy_for = fake.health_checks + 40  # about 0.8 s at 0.02 s a poll, past the load's end
+
+        probe = Probe(url + "/health", url + "/v1/completions", "m", poll_s=0.02)
+        options = LoadOptions(base=_base(url, duration_s=0.3, concurrency=1), metrics_url=url + "/metrics",
+                              scrape_interval_s=0.5)
+        plan, _ = await prepare(options, say=lambda _: None)
+        run = await run_steps(replace(plan, cold_starts=ColdStartPlan(1, restart, probe, at_s=(0.1,))))
+        (event,) = run.cold_starts
+        assert event.ready_s is not None
+        assert event.ready_s > 0.3
+        assert run.timeline is not None
+        assert any(sample.t_s > event.ready_s and sample.reading.running is not None
+                   for sample in run.timeline.samples), run.timeline.samples
+
     async def test_a_failing_restart_is_reported(self, aiohttp_server: Servers) -> None:
         """A restart that fails leaves the reason and no ready time."""
         url = await _url(aiohttp_server, FakeOpenAI(model_name="m"))
