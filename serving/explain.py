@@ -27,8 +27,8 @@ from exporters.catalog.spec import MetricSpec
 from exporters.cold_start import ColdStartTracker
 from exporters.explain import ColdStartSpan, EngineContext, explain, facts_from_record
 from exporters.records import RequestRecord
+from serving.endpoints import error_response
 from serving.engine_stats import EngineSteps
-from serving.errors import error_body
 
 SLOWEST_MAX = 1000
 PEER_WINDOW = "1h"
@@ -185,9 +185,8 @@ def explain_record(record: RequestRecord, sources: ContextSources) -> dict[str, 
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _bad_request(message: str) -> web.Response:
-    return web.Response(body=error_body(message, "invalid_request_error", 400), status=400,
-                        content_type="application/json", headers=_NO_STORE)
+def _bad_request(request: web.Request, message: str) -> web.Response:
+    return error_response(request, 400, message)
 
 
 def add_explain_routes(admin: web.Application, ring: RequestRing, sources: ContextSources) -> None:
@@ -199,8 +198,7 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
         record = ring.get(trace_id)
         if record is None:
             message = f"trace {trace_id} is not among the sidecar's last {len(ring)} requests (serve.explain_ring_size)"
-            return web.Response(body=error_body(message, "not_found", 404), status=404,
-                                content_type="application/json", headers=_NO_STORE)
+            return error_response(request, 404, message)
         return web.json_response(explain_record(record, sources), headers=_NO_STORE)
 
     async def slowest(request: web.Request) -> web.Response:
@@ -208,13 +206,13 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
         try:
             n = int(query.get("slowest", "10"))
         except ValueError:
-            return _bad_request(f"slowest={query.get('slowest')!r} is not a whole number")
+            return _bad_request(request, f"slowest={query.get('slowest')!r} is not a whole number")
         if not 1 <= n <= SLOWEST_MAX:
-            return _bad_request(f"slowest must be between 1 and {SLOWEST_MAX}")
+            return _bad_request(request, f"slowest must be between 1 and {SLOWEST_MAX}")
         try:
             since_ms = parse_duration_ms(query.get("since", "15m"), "since")
         except RuleFileError as err:
-            return _bad_request(str(err))
+            return _bad_request(request, str(err))
         found = ring.slowest(n, time.time() - since_ms / 1000.0, query.get("model"))
         rows = []
         for record in found:

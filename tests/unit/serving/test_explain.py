@@ -149,6 +149,7 @@ async def test_ring_forgets_the_oldest_and_says_so(
     status, body = await setup.explain(_trace(1))
     assert status == 404
     assert "serve.explain_ring_size" in body["error"]["message"]
+    assert len(body["error"]["trace_id"]) == 32
     assert [(await setup.explain(_trace(i)))[0] for i in (2, 3)] == [200, 200]
     setup.plugin.close()
 
@@ -170,10 +171,12 @@ async def test_slowest_lists_by_e2e_with_a_reason_each(setup: Setup) -> None:
 
 @pytest.mark.parametrize("query", ["slowest=x", "slowest=0", "since=yesterday"])
 async def test_slowest_refuses_bad_parameters(setup: Setup, query: str) -> None:
-    """A malformed count or duration is a 400 naming it."""
+    """A malformed count or duration is a 400 naming it, in the sidecar's error shape with a trace id."""
     response = await setup.client.get(f"/admin/requests?{query}")
     assert response.status == 400
-    assert (await response.json())["error"]["message"]
+    error = (await response.json())["error"]
+    assert error["message"]
+    assert error["trace_id"] == response.headers["x-trace-id"]
 
 
 def test_ring_keeps_the_latest_record_of_a_reused_trace_id() -> None:
