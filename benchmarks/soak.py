@@ -414,8 +414,6 @@ def _diagnostics(log_path: Path) -> tuple[Counter[str], list[str]]:
             level = str(json.loads(line).get("level", "none"))
         except (ValueError, AttributeError):
             level = "not JSON"
-            if line.startswith("inferwatch serve: listening"):
-                continue
         levels[level] += 1
         if level in ("error", "critical", "not JSON") and len(bad) < EXAMPLES:
             bad.append(line[:300])
