@@ -100,6 +100,11 @@ class RulesConfig:
         300.0, "Rate window of the p99 latency against the SLA.", check=_whole_positive_seconds
     )
     sla_for_s: float = setting(300.0, "Seconds p99 must stay above the SLA limit.", check=_whole_seconds)
+    sla_min_requests: int = setting(
+        100, "The latency-above-SLA page fires only when the model served at least this many requests in "
+        "sla_window_s; 0 = no minimum. The p99 of fewer requests is one of its slowest few.",
+        check=non_negative,
+    )
     # GPU and KV cache memory.
     gpu_memory_ratio: float = setting(
         0.9, "Alert when GPU memory used exceeds this share of the total.", check=_open_ratio

@@ -149,17 +149,17 @@ def preemption(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     )]
 
 
-def _latency_buckets(limit: float, slow: bool, steps: int) -> tuple[Series, ...]:
-    """E2E histogram series whose p99 is above ``limit`` (slow) or clearly below it."""
+def _latency_buckets(limit: float, slow: bool, steps: int, per_step: int = 10) -> tuple[Series, ...]:
+    """E2E histogram series, ``per_step`` requests a step, whose p99 is above ``limit`` (slow) or clearly below it."""
     bounds = buckets.REQUEST_LATENCY
     over = next((b for b in bounds if b > limit), None)
     under = max((b for b in bounds if b < limit), default=None)
     les: dict[str, float] = {}
     if under is not None:
-        les[le_value(under)] = 0 if slow else 10
+        les[le_value(under)] = 0 if slow else per_step
     if over is not None:
-        les[le_value(over)] = 0 if slow else 10
-    les["+Inf"] = 10
+        les[le_value(over)] = 0 if slow else per_step
+    les["+Inf"] = per_step
     if under is None and not slow:
         raise ConfigError("rules", f"a latency limit of {limit:g} s is below every histogram bucket bound")
     return le_series(E2E_LATENCY_SECONDS.bucket, MODEL, les, steps)
@@ -171,18 +171,31 @@ def _latency_sla_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]
     limit = c.sla_factor * c.sla_for(MODEL)
     if limit >= buckets.REQUEST_LATENCY[-1]:
         raise ConfigError("rules.sla_factor", "x the SLA is above the latency histogram's highest bound", limit)
-    return Scenario(step, _latency_buckets(limit, True, n), _latency_buckets(limit, False, n), step,
-                    {"model_name": MODEL})
+    # A step alone brings the requests the window needs (rules.sla_min_requests): the evidence holds from the
+    # first evaluation on, as the p99 does, so the alert fires when its `for` says.
+    per_step = max(10, c.sla_min_requests)
+    return Scenario(step, _latency_buckets(limit, True, n, per_step), _latency_buckets(limit, False, n, per_step),
+                    step, {"model_name": MODEL})
+
+
+def _latency_over(config: RulesConfig, limit_s: float, *matchers: tuple[str, str, str]) -> str:
+    """P99 over ``limit_s``, and (with ``rules.sla_min_requests``) enough requests in the window for a p99."""
+    over = f"({_p99(config.sla_window_s, *matchers)} > {number(limit_s)})"
+    if not config.sla_min_requests:
+        return over
+    every = selector(E2E_LATENCY_SECONDS.bucket, *matchers, ("le", "=", "+Inf"))
+    count = f"sum by ({M}) (increase({every}[{duration(config.sla_window_s)}]))"
+    return f"({over} and ({count} >= {config.sla_min_requests}))"
 
 
 def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
-    """P99 end-to-end latency above a multiple of each model's SLA."""
+    """P99 end-to-end latency above a multiple of each model's SLA, over at least ``rules.sla_min_requests``
+    requests (a p99 of three requests is the slowest of them: a page needs more evidence)."""
     clauses = []
     for model, sla in sorted(config.sla_seconds.items()):
-        limit = number(config.sla_factor * sla)
-        clauses.append(f"({_p99(config.sla_window_s, (M, '=', model))} > {limit})")
+        clauses.append(_latency_over(config, config.sla_factor * sla, (M, "=", model)))
     others = tuple((M, "!=", model) for model in sorted(config.sla_seconds))
-    clauses.append(f"({_p99(config.sla_window_s, *others)} > {number(config.sla_factor * config.sla_default_s)})")
+    clauses.append(_latency_over(config, config.sla_factor * config.sla_default_s, *others))
     slas = ", ".join(f"{m}: {s:g} s" for m, s in sorted(config.sla_seconds.items()))
     table = f"{slas}; others: {config.sla_default_s:g} s" if slas else f"{config.sla_default_s:g} s"
     return [AlertRule(
@@ -194,7 +207,9 @@ def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
         description=(
             f"P99 end-to-end latency of model {{{{ $labels.model_name }}}} over "
             f"{duration(config.sla_window_s)} has stayed above {config.sla_factor:g} x its SLA ({table}) "
-            f"for {duration(config.sla_for_s)}."
+            f"for {duration(config.sla_for_s)}"
+            + (f", over at least {config.sla_min_requests} requests in the window." if config.sla_min_requests
+               else ".")
         ),
         runbook=Runbook(
             "P99 end-to-end latency has been far above the model's SLA: users wait much longer than promised.",

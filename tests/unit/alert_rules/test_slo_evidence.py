@@ -26,9 +26,10 @@ from alert_rules.promtool_runner import run_file
 from alert_rules.render import build_groups
 from alert_rules.spec import duration, selector
 from alert_rules.testgen import render_annotations
-from exporters.catalog.request import REQUESTS
+from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from tests.unit.alert_rules.rule_test_files import write_rule_test
 
+LATENCY = "InferwatchLatencyAboveSLA"
 PAGE = "InferwatchAvailabilityBudgetBurnPage"
 TICKET = "InferwatchAvailabilityBudgetBurnTicket"
 ROLLBACK = "InferwatchCircuitBreakerRollback"
@@ -61,6 +62,14 @@ def _quiet(name: str, series: list[dict[str, str]], until_s: int) -> dict[str, A
     checks = [{"eval_time": duration(t), "alertname": alert, "exp_alerts": []}
               for t in range(T0, until_s + 1, 60) for alert in (PAGE, TICKET, ROLLBACK, DEGRADE)]
     return {"name": name, "interval": duration(STEP_S), "input_series": series, "alert_rule_test": checks}
+
+
+def _slow_requests(values_slow: str, steps: int) -> list[dict[str, str]]:
+    """End-to-end latency buckets of model m: requests of about 100 s (between the 60 s and 120 s bounds)."""
+    def bucket(le: str, values: str) -> dict[str, str]:
+        labels = (("instance", "=", "sidecar:9100"), ("model_name", "=", MODEL), ("le", "=", le))
+        return {"series": selector(E2E_LATENCY_SECONDS.bucket, *labels), "values": values}
+    return [bucket("60.0", f"0x{steps}"), bucket("120.0", values_slow), bucket("+Inf", values_slow)]
 
 
 def _page(config: RulesConfig) -> list[dict[str, Any]]:
@@ -99,6 +108,9 @@ def evidence_test_file(root: Path, config: RulesConfig | None = None) -> Path:
               _requests(chat, "upstream_error", _counter(full, 0, after, RATE * STEP_S))]
     cold = [_requests(chat, "ok", f"0x{before + after}"),
             _requests(chat, "upstream_error", _counter(before, 0, after, RATE * STEP_S))]
+    # Two requests of about 100 s (over 1.5 x the 20 s SLA), three minutes apart, and nothing else: their p99 is
+    # over the limit for eight minutes, longer than the latency page's `for`.
+    two_slow = _slow_requests(f"0x{before - 1} 1x35 2x{hour + 60}", before + hour + 60)
     doc: dict[str, Any] = {
         "rule_files": ["../rules/slo.yml", "../rules/intervene.yml"],
         "evaluation_interval": duration(EVAL_S),
@@ -107,6 +119,10 @@ def evidence_test_file(root: Path, config: RulesConfig | None = None) -> Path:
                    T0 + 3600 + 120),
             _quiet("/v1/models and other paths failing while inference is fine: no page, no ticket", models_failing,
                    T0 + 3600),
+            {"name": "two slow requests three minutes apart, no other traffic: no latency page",
+             "interval": duration(STEP_S), "input_series": two_slow,
+             "alert_rule_test": [{"eval_time": duration(t), "alertname": LATENCY, "exp_alerts": []}
+                                 for t in range(T0, T0 + 1200 + 1, 60)]},
             # Workbook: 51.84 s after the start; evaluations at +45 s and +60 s.
             _pages("a total outage under 10 requests/s pages at 51.84 s", outage, T0_FULL + 45, T0_FULL + 60,
                    config),
@@ -119,7 +135,8 @@ def evidence_test_file(root: Path, config: RulesConfig | None = None) -> Path:
 
 
 def test_embedded_evaluator_needs_evidence_to_page(tmp_path: Path) -> None:
-    """Three failures and a failing /v1/models page nobody; a total outage under traffic pages in time."""
+    """Three failures, a failing /v1/models and two slow requests page nobody; a total outage under traffic pages
+    in time."""
     result = run_file(evidence_test_file(tmp_path))
     assert result.errors == []
     assert result.failures == []
