@@ -64,6 +64,14 @@ class Setup:
         response = await self.client.get(f"/admin/requests/{trace_id}")
         return response.status, await response.json()
 
+    async def explain_when_finished(self, trace_id: str) -> tuple[int, dict[str, Any]]:
+        """The explanation, once the request's record is finished (at most 2 s)."""
+        for _ in range(100):
+            if trace_id in self.finished:
+                break
+            await asyncio.sleep(0.02)
+        return await self.explain(trace_id)
+
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                  aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
@@ -119,11 +127,7 @@ async def test_engine_phases_split_the_time_and_preemption_is_the_cause(setup: S
     decode_s = (TOKENS - 2) * TOKEN_DELAY_S
     await setup.request(trace_id)
     setup.send_engine(trace_id, 0.001, 0.002, decode_s, 2, step)
-    for _ in range(100):
-        if trace_id in setup.finished:
-            break
-        await asyncio.sleep(0.02)
-    status, explanation = await setup.explain(trace_id)
+    status, explanation = await setup.explain_when_finished(trace_id)
     assert status == 200
     phases = {p["name"]: p["ms"] for p in explanation["phases"]}
     assert list(phases) == ["sidecar", "connect", "vllm_front_end", "engine_queue", "prefill", "decode",
@@ -232,11 +236,7 @@ async def test_a_client_that_stops_reading_is_client_slow_read(
     while await reader.read(65536):
         pass
     writer.close()
-    for _ in range(100):
-        if trace_id in setup.finished:
-            break
-        await asyncio.sleep(0.02)
-    status, explanation = await setup.explain(trace_id)
+    status, explanation = await setup.explain_when_finished(trace_id)
     assert status == 200
     phases = {p["name"]: p["ms"] for p in explanation["phases"]}
     assert 0.5 * paused_s * 1000 <= phases["client_slow_read"] <= explanation["e2e_ms"]
