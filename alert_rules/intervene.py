@@ -17,7 +17,7 @@ from collections.abc import Callable
 from alert_rules.config import RulesConfig
 from alert_rules.context import MODEL as MODEL_SCOPE
 from alert_rules.context import MODEL_REPLICA, REPLICA, context
-from alert_rules.runbooks import KV_FIXES, ROLLBACK, SHED, Runbook
+from alert_rules.runbooks import EXPLAIN_SLOWEST, KV_FIXES, ROLLBACK, SHED, Runbook
 from alert_rules.scenario import (
     MODEL,
     UPSTREAM,
@@ -214,7 +214,7 @@ def latency_sla(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
         runbook=Runbook(
             "P99 end-to-end latency has been far above the model's SLA: users wait much longer than promised.",
             ("Queue length and time in queue versus prefill/decode split (is it waiting or computing?).",
-             "Preemptions, KV cache usage and GPU utilisation.", "Traffic volume and prompt lengths."),
+             EXPLAIN_SLOWEST, "Preemptions, KV cache usage and GPU utilisation.", "Traffic volume and prompt lengths."),
             ("Shed load or add replicas when the queue is long.", *KV_FIXES[:2],
              "Separate long prompts into their own queue (chunked prefill or a dedicated replica).", ROLLBACK),
         ),
@@ -499,7 +499,7 @@ def queue(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
         ),
         runbook=Runbook(
             "Requests pile up in the scheduler's waiting queue: the engine is saturated.",
-            ("Running batch size versus `--max-num-seqs`; KV cache usage; traffic volume.",),
+            ("Running batch size versus `--max-num-seqs`; KV cache usage; traffic volume.", EXPLAIN_SLOWEST),
             (SHED, "Add replicas.", "Raise `--max-num-seqs` only if the KV cache has headroom.",
              "Use an fp8 KV cache to fit more sequences."),
         ),

@@ -36,6 +36,11 @@ KV_FIXES = (
 """Interventions shared by the alerts about a KV cache that is too small."""
 SHED = "Shed load: lower the client concurrency or rate limit at the gateway until the alert clears."
 ROLLBACK = "Roll back the last model, engine or config change if the alert started right after it."
+EXPLAIN_SLOWEST = (
+    "Why the slowest requests were slow (queue wait, preemption, long prefill, cold start, a slow reader): "
+    "`inferwatch explain --slowest 10 --since 15m`."
+)
+"""The check shared by the alerts about slow or queued requests: the sidecar's per-request explanations."""
 
 
 def entry(config: RulesConfig, alert: AlertRule) -> str:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from prometheus_client.utils import floatToGoString
 
 from alert_rules.config import RulesConfig
-from alert_rules.runbooks import KV_FIXES, ROLLBACK, SHED, Runbook
+from alert_rules.runbooks import EXPLAIN_SLOWEST, KV_FIXES, ROLLBACK, SHED, Runbook
 from alert_rules.scenario import (
     MODEL,
     Scenario,
@@ -268,7 +268,7 @@ def _evidence(config: RulesConfig) -> str:
 def _burn_runbook(slo: Slo, severity: Severity, config: RulesConfig) -> Runbook:
     """A page: the budget will be gone in hours to days; a ticket: the SLO will be missed this period."""
     bad = slo.bad_requests.capitalize()
-    checks = (*_BURN_CHECKS, _REJECTION_CHECK) if slo.name == "availability" else _BURN_CHECKS
+    checks = (*_BURN_CHECKS, _REJECTION_CHECK) if slo.name == "availability" else (*_BURN_CHECKS, EXPLAIN_SLOWEST)
     if severity is Severity.CRITICAL:
         return Runbook(
             f"{bad} are spending the {slo.name} error budget so fast that, at this pace, "

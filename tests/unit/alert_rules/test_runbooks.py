@@ -11,6 +11,7 @@ import pytest
 from alert_rules import render, runbooks
 from alert_rules.build import outputs
 from alert_rules.config import RulesConfig
+from serving.cli import build_parser
 from serving.config import defaults
 
 EDGES = (512, 2048, 8192, 32768)
@@ -84,6 +85,24 @@ def test_entries_name_the_interventions_of_the_issue() -> None:
     text = runbooks.runbooks_markdown(RulesConfig(), render.alerts(RulesConfig(), EDGES))
     for phrase in ("--max-num-seqs", "fp8", "separate queue", "Shed load", "Roll back"):
         assert phrase in text
+
+
+EXPLAIN_SLOWEST = "inferwatch explain --slowest 10 --since 15m"
+SLOW_OR_QUEUED = ("InferwatchLatencyBudgetBurnPage", "InferwatchLatencyBudgetBurnTicket",
+                  "InferwatchLatencyAboveSLA", "InferwatchQueueBacklog")
+
+
+@pytest.mark.parametrize("name", SLOW_OR_QUEUED)
+def test_the_slow_and_queued_request_runbooks_check_the_slowest_requests_explanations(name: str) -> None:
+    """The latency and queue alerts' first checks run `inferwatch explain` on the slowest requests (issue 28)."""
+    alert = next(a for a in render.alerts(RulesConfig(), EDGES) if a.name == name)
+    assert any(f"`{EXPLAIN_SLOWEST}`" in check for check in alert.runbook.checks), alert.runbook.checks
+
+
+def test_the_runbooks_explain_command_is_one_the_cli_takes() -> None:
+    """The command the runbooks give parses as `inferwatch explain --slowest 10 --since 15m`."""
+    args = build_parser().parse_args(EXPLAIN_SLOWEST.split()[1:])
+    assert (args.slowest, args.since, args.trace_id) == (10, "15m", None)
 
 
 @pytest.mark.parametrize(
