@@ -7,7 +7,8 @@ embedded rule engine notifying Alertmanager, every request logged) and Prometheu
 with the built rules. Then it sends a few requests (one fails on purpose) and runs a mixed load
 test with a report: a preemption storm at concurrency 8, then a cold start (vLLM restarted in
 place) under a lighter load. It prints the alerts that fired (embedded engine and Prometheus),
-the report with its plots, and the slowest request's trace id with its log record.
+the report with its plots, and the slowest request's explanation (``inferwatch explain``: its
+time split and ranked causes, from the sidecar's ring of recent requests, else its archived record).
 
 ``--upstream URL`` uses an existing vLLM instead (no restart, and a preemption storm only if its KV
 cache is small); ``--keep`` leaves the stack up until Ctrl-C. (Grafana and a trace backend come with
@@ -130,6 +131,13 @@ def _log_record(logs_dir: Path, trace_id: str) -> str:
     return "(not found yet)"
 
 
+def _explain(sidecar: str, logs_dir: Path, trace_id: str) -> bool:
+    """Print ``inferwatch explain TRACE_ID`` of a request (the sidecar's ring, then the archive); False if not found."""
+    from serving.cli import main as inferwatch
+
+    return inferwatch(["explain", trace_id, "--sidecar", sidecar, "--dir", str(logs_dir)]) == 0
+
+
 async def mixed_load(sidecar: str, vllm: launcher.VllmServer | None, model: str) -> tuple[RunResult, dict[str, str]]:
     """The mixed load test: a storm at concurrency 8, then concurrency 2 with a cold start; alerts seen meanwhile."""
     base = LoadSpec(url=sidecar, model=model, duration_s=CALM_S, max_tokens=96, ignore_eos=True, timeout_s=120.0)
@@ -241,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                                                               if vllm else ""))
         run, embedded = asyncio.run(mixed_load(sidecar.base_url, vllm, args.model))
         report = _report(run, work)
-        _tell(run, embedded, report, prometheus.base_url, logs_dir)
+        _tell(run, embedded, report, prometheus.base_url, sidecar.base_url, logs_dir)
         if args.example_png:
             args.example_png.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(report / "timeline.png", args.example_png)
@@ -270,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         _say("stopped")
 
 
-def _tell(run: RunResult, embedded: dict[str, str], report: Path, prometheus: str, logs_dir: Path) -> None:
-    """Print what the load test showed: alerts, the report, the slowest request and its log record."""
+def _tell(run: RunResult, embedded: dict[str, str], report: Path, prometheus: str, sidecar: str,
+          logs_dir: Path) -> None:
+    """Print what the load test showed: alerts, the report, the slowest request and why it was slow."""
     results = run.results
     failed = [r for r in results if not r.ok]
     during = sum(event.failed_requests for event in run.cold_starts)
@@ -291,7 +300,9 @@ def _tell(run: RunResult, embedded: dict[str, str], report: Path, prometheus: st
     slowest = max((r for r in results if r.ok and r.trace_id), key=lambda r: r.e2e_s or 0.0, default=None)
     if slowest is not None:
         _say(f"slowest request: {(slowest.e2e_s or 0) * 1000:.0f} ms, trace_id={slowest.trace_id}")
-        _say(f"its log record: {_log_record(logs_dir, slowest.trace_id or '')}")
+        _say(f"why it was slow: inferwatch explain {slowest.trace_id} --sidecar {sidecar} --dir {logs_dir}")
+        if not _explain(sidecar, logs_dir, slowest.trace_id or ""):
+            _say(f"not explained; its log record: {_log_record(logs_dir, slowest.trace_id or '')}")
 
 
 if __name__ == "__main__":
