@@ -167,9 +167,10 @@ def render(explanation: dict[str, Any]) -> str:
     lines.append("Why: " + "; ".join(c["text"] for c in causes[:3]) + ".")
     context = e["context"]
     if context["source"] != "none":
-        known = [f"{label} {context[key]}" for key, label in (
-            ("running_max", "running up to"), ("waiting_max", "waiting up to"), ("kv_usage_max", "KV usage up to"),
-            ("preemptions_in_window", "vLLM preemptions around it"), ("max_num_seqs", "max_num_seqs"))
+        known = [f"{label} {context[key]:g}{suffix}" for key, label, suffix in (
+            ("running_max", "running up to", ""), ("waiting_max", "waiting up to", ""),
+            ("kv_usage_max", "KV usage up to", ""), ("preemptions_in_window", "vLLM preemptions around it", ""),
+            ("max_num_seqs", "max_num_seqs", " (rules.max_num_seqs)"))
             if context[key] is not None]
         lines.append(f"Around it ({context['source']}): " + (", ".join(known) or "nothing recorded"))
     if e["engine_numbers"] is False:

@@ -50,8 +50,9 @@ MODEL = "tiny-llm"
 MIX = "64:5,512:3,1024:2"
 STORM_S, CALM_S, RESTART_AT_S = 25.0, 50.0, 30.0
 DEMO_RULES = {"evaluation_interval_s": 5.0, "preemption_for_s": 0.0, "upstream_down_for_s": 10.0,
-              "kv_cache_for_s": 10.0}
-"""Short alert windows, so that the demo's preemption storm and restart fire alerts within minutes."""
+              "kv_cache_for_s": 10.0, "max_num_seqs": 8}
+"""Short alert windows, so that the demo's preemption storm and restart fire alerts within minutes; and the
+demo's vLLM's --max-num-seqs (the launcher's 8), which the batch advice and ``explain``'s full-batch cause read."""
 
 
 def _say(message: str) -> None:
