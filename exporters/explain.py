@@ -328,3 +328,13 @@ def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source:
         "phases": phases, "context": context.to_json(), "peers": _peers(by_name, facts.e2e_ms, peers_p50_ms or {}),
         "causes": causes, "reason": causes[0]["text"],
     }
+
+
+SLOWEST_MAX = 1000
+"""The most requests one ``--slowest`` list holds (``inferwatch explain`` and ``/admin/requests``)."""
+ROW_FIELDS = ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms", "outcome", "reason")
+
+
+def slowest_row(explanation: Mapping[str, Any]) -> dict[str, Any]:
+    """One request of a ``--slowest`` list: a few fields of its explanation and its first cause."""
+    return {key: explanation[key] for key in ROW_FIELDS} | {"cause": explanation["causes"][0]["cause"]}

@@ -20,17 +20,17 @@ from aiohttp import web
 
 from alert_rules.engine import RuleFileError, parse_duration_ms
 from alert_rules.promql.evaluate import Evaluator
+from alert_rules.spec import selector
 from alert_rules.store import SeriesStore
 from exporters.catalog import request as request_specs
 from exporters.catalog import vllm as vllm_specs
 from exporters.catalog.spec import MetricSpec
 from exporters.cold_start import ColdStartTracker
-from exporters.explain import ColdStartSpan, EngineContext, explain, facts_from_record
+from exporters.explain import SLOWEST_MAX, ColdStartSpan, EngineContext, explain, facts_from_record, slowest_row
 from exporters.records import RequestRecord
 from serving.endpoints import error_response
 from serving.engine_stats import EngineSteps
 
-SLOWEST_MAX = 1000
 PEER_WINDOW = "1h"
 PEER_HISTOGRAMS: dict[str, MetricSpec] = {
     "e2e": request_specs.E2E_LATENCY_SECONDS, "engine_queue": request_specs.ENGINE_QUEUE_SECONDS,
@@ -151,20 +151,16 @@ class ContextSources:
             max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
 
 
-def _label_value(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
 def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_unix: float) -> dict[str, float]:
     """The p50 (ms) of each of :data:`PEER_HISTOGRAMS` over the hour before ``at_unix`` for the same model and
     length bucket, from the embedded engine's store; a part without data is left out."""
     if store is None:
         return {}
     evaluator = Evaluator(store)
-    selector = f'model_name="{_label_value(model)}",length_bucket="{_label_value(length_bucket)}"'
+    same = (("model_name", "=", model), ("length_bucket", "=", length_bucket))
     found = {}
     for part, spec in PEER_HISTOGRAMS.items():
-        expr = f"histogram_quantile(0.5, sum by (le) (increase({spec.bucket}{{{selector}}}[{PEER_WINDOW}])))"
+        expr = f"histogram_quantile(0.5, sum by (le) (increase({selector(spec.bucket, *same)}[{PEER_WINDOW}])))"
         try:
             result = evaluator.query(expr, int(at_unix * 1000))
         except Exception:  # the store busy under the engine's thread: no comparison, and no failure
@@ -175,18 +171,15 @@ def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_u
     return found
 
 
-def explain_record(record: RequestRecord, sources: ContextSources) -> dict[str, Any]:
-    """The explanation of a request in the ring."""
+def explain_record(record: RequestRecord, sources: ContextSources, *, peers: bool = True) -> dict[str, Any]:
+    """The explanation of a request in the ring; ``peers=False`` skips the comparison with the bucket's p50 (four
+    queries of the store), which the causes do not use."""
     facts = facts_from_record(record)
-    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring",
-                   peers_p50_ms=peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time()))
+    p50 = peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time()) if peers else None
+    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring", peers_p50_ms=p50)
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
-
-
-def _bad_request(request: web.Request, message: str) -> web.Response:
-    return error_response(request, 400, message)
 
 
 def add_explain_routes(admin: web.Application, ring: RequestRing, sources: ContextSources) -> None:
@@ -206,20 +199,16 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
         try:
             n = int(query.get("slowest", "10"))
         except ValueError:
-            return _bad_request(request, f"slowest={query.get('slowest')!r} is not a whole number")
+            return error_response(request, 400, f"slowest={query.get('slowest')!r} is not a whole number")
         if not 1 <= n <= SLOWEST_MAX:
-            return _bad_request(request, f"slowest must be between 1 and {SLOWEST_MAX}")
+            return error_response(request, 400, f"slowest must be between 1 and {SLOWEST_MAX}")
         try:
             since_ms = parse_duration_ms(query.get("since", "15m"), "since")
         except RuleFileError as err:
-            return _bad_request(request, str(err))
+            return error_response(request, 400, str(err))
         found = ring.slowest(n, time.time() - since_ms / 1000.0, query.get("model"))
-        rows = []
-        for record in found:
-            explanation = explain_record(record, sources)
-            rows.append({key: explanation[key] for key in ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms",
-                                                           "outcome", "reason")}
-                        | {"cause": explanation["causes"][0]["cause"]})
+        # a row needs the causes, not the comparison with the peers
+        rows = [slowest_row(explain_record(record, sources, peers=False)) for record in found]
         return web.json_response({"ring_size": len(ring), "since_s": since_ms / 1000.0, "requests": rows},
                                  headers=_NO_STORE)
 

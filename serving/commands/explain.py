@@ -17,7 +17,7 @@ from typing import Any
 
 from alert_rules.engine import RuleFileError, parse_duration_ms
 from exporters.errors import InferwatchError
-from exporters.explain import EngineContext, explain, facts_from_log_event
+from exporters.explain import SLOWEST_MAX, EngineContext, explain, facts_from_log_event, slowest_row
 from log_pipeline.errors import ArchiveError
 from log_pipeline.query import Archive, Filter, ts_ms
 from serving.commands.logs import trace_id
@@ -120,12 +120,7 @@ def _slowest(args: argparse.Namespace) -> dict[str, Any]:
         events = [e for e in Archive(args.dir).records(Filter(since_ms=since_ms))
                   if args.model is None or e.get("model") == args.model]
         events.sort(key=lambda e: float(e.get("e2e_ms") or 0.0), reverse=True)
-        rows = []
-        for event in events[:args.slowest]:
-            explanation = _explain_event(event)
-            rows.append({key: explanation[key] for key in ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms",
-                                                           "outcome", "reason")}
-                        | {"cause": explanation["causes"][0]["cause"]})
+        rows = [slowest_row(_explain_event(event)) for event in events[:args.slowest]]
         if rows:
             return {"source": "archive", "requests": rows}
         where.append(f"the archive {args.dir} has no record in the last {args.since}")
@@ -203,8 +198,8 @@ def _duration(text: str) -> str:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count between 1 and 1000")
+    if not text.isdigit() or not 1 <= int(text) <= SLOWEST_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count between 1 and {SLOWEST_MAX}")
     return int(text)
 
 
