@@ -14,15 +14,12 @@ Three shapes, one per moment a request can fail:
 from __future__ import annotations
 
 import html
-import os
 import re
 from typing import Any
 
 import orjson
 
 _TAGS = re.compile(rb"<[^>]*>")
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
-_INVALID_TRACE_ID = "0" * 32
 _SPACES = re.compile(rb"\s+")
 _PLAIN_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9 _.\-]{0,63}")
 MAX_QUOTED_BODY = 300
@@ -32,18 +29,6 @@ MAX_QUOTED_BODY = 300
 def error_body(message: str, kind: str, status: int, **extra: Any) -> bytes:
     """An OpenAI-style JSON error body."""
     return orjson.dumps({"error": {"message": message, "type": kind, "code": status, **extra}})
-
-
-def request_trace_id(traceparent: str | None) -> str:
-    """The trace id of a request the proxy does not trace (an admin refusal, an unknown path).
-
-    The caller's W3C ``traceparent`` trace id when it sent a valid one, so the answer joins its
-    trace; else a new random one, so every error answer names a trace id as the proxy's do.
-    """
-    match = _TRACEPARENT.match(traceparent.strip().lower()) if traceparent else None
-    if match and match.group(1) != _INVALID_TRACE_ID:
-        return match.group(1)
-    return os.urandom(16).hex()
 
 
 def upstream_error_type(value: object, status: object) -> str:

@@ -44,8 +44,9 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from serving.errors import error_body, request_trace_id
+from serving.errors import error_body
 from serving.exchange import BodyTooLargeError, ProxyHandler
+from serving.tracing import request_trace_id
 
 log = structlog.get_logger(__name__)
 

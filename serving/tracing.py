@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import MutableMapping
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -110,6 +111,20 @@ class Tracing:
     def shutdown(self) -> None:
         """Flush and stop the exporter."""
         self.provider.shutdown()
+
+
+def request_trace_id(traceparent: str | None) -> str:
+    """The trace id of a request the proxy does not trace (an admin refusal, an unknown path, a refused head).
+
+    The caller's ``traceparent`` trace id when the proxy's propagator takes it (so the answer joins the
+    caller's trace exactly when a proxied request would), else a new random one, so every error answer
+    names a trace id as the proxy's do.
+    """
+    if traceparent:
+        context = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+        if context.is_valid:
+            return f"{context.trace_id:032x}"
+    return os.urandom(16).hex()
 
 
 def trace_id_hex(span: Span) -> str:
