@@ -30,12 +30,12 @@ class Backoff:
         """The base wait after ``failures_before + 1`` failures in a row."""
         return min(self.max_s, self.initial_s * 2 ** min(failures_before, 64))
 
-    def after_failure(self, retry_after_s: float | None = None) -> float:
-        """Seconds to wait before the next request, after one more failure."""
+    def pause_after(self, ok: bool, retry_after_s: float | None = None) -> float:
+        """Seconds to wait before the worker's next request: none after a success (the next failure waits
+        ``initial_s`` again), else the next wait of the sequence, at least ``retry_after_s``."""
+        if ok:
+            self.failures_in_a_row = 0
+            return 0.0
         base = self.base_s(self.failures_in_a_row)
         self.failures_in_a_row += 1
         return max(base * (1.0 + JITTER * self._rng.random()), retry_after_s or 0.0)
-
-    def after_success(self) -> None:
-        """A request succeeded: the next failure waits ``initial_s`` again."""
-        self.failures_in_a_row = 0

@@ -167,11 +167,8 @@ async def kill_drill(spec: DrillSpec, process: psutil.Process, *, say: Callable[
             answer.sent_s, answer.retry, answer.backoff_s = sent, backoff.failures_in_a_row, pause_s
             result.results.append(answer)
             index += spec.concurrency
-            if answer.ok:
-                backoff.after_success()
-                pause_s = 0.0
-            else:
-                pause_s = backoff.after_failure(answer.retry_after_s)
+            pause_s = backoff.pause_after(answer.ok, answer.retry_after_s)
+            if pause_s:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), pause_s)
 

@@ -158,11 +158,8 @@ async def _closed_loop(
                 return
             number, issued = issued, issued + 1
             result = await one(session, number, now, 0.0, backoff.failures_in_a_row, pause_s)
-            if result.ok:
-                backoff.after_success()
-                pause_s = 0.0
-            else:
-                pause_s = backoff.after_failure(result.retry_after_s)
+            pause_s = backoff.pause_after(result.ok, result.retry_after_s)
+            if pause_s:
                 await sleep(pause_s)
 
     await asyncio.gather(*(worker(n) for n in range(spec.concurrency or 1)))
