@@ -110,6 +110,30 @@ def vllm_tiny_kv_server(
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def second_model_dir() -> Path:
+    """The second tiny model (another seed: other weights, another vocabulary), built once per machine."""
+    return require(lambda: servers.build_tiny_model(servers.SECOND_TINY_MODEL_DIR, servers.SECOND_TINY_MODEL_SEED))
+
+
+@pytest.fixture(scope="session")
+def second_vllm_server(
+    second_model_dir: Path, engine_stats_plugin: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[servers.VllmServer]:
+    """The one second real vLLM-CPU server, for the tests that need two upstreams (long-prompt lane,
+    canary, shadow, tokenizer drift) and a batch that fills at once: the second tiny model served under
+    the same name ``tiny-llm`` (a new version of it: its answers and its tokenizer differ), with
+    ``--max-num-seqs 2`` and ``--scheduling-policy priority``. Its stat-logger plugin sends to three
+    addresses (``engine_stats_address(second_vllm_server, i)``), one per sidecar put in front of it."""
+    work = tmp_path_factory.mktemp("vllm-second")
+    server = require(lambda: servers.start_vllm(
+        second_model_dir, work, max_num_seqs=2, extra_args=["--scheduling-policy", "priority"],
+        engine_stats=",".join(_engine_stats_address() for _ in range(3)),
+    ))
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def idle_tiny_kv_server(vllm_tiny_kv_server: servers.VllmServer) -> Iterator[servers.VllmServer]:
     """The tiny-KV server, idle when the test starts and drained again when it ends.

