@@ -170,7 +170,7 @@ class Alert:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able form for the state file."""
-        data = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        data = {k: getattr(self, k) for k in self.__slots__}
         data["labels"] = dict(self.labels)
         data["value"] = None if math.isnan(self.value) else self.value
         return data
@@ -315,8 +315,8 @@ class RuleEngine:
             data = TemplateData(base, value, self.external_labels, self.external_url,
                                 query=lambda text: self._query(text, t_ms))
             mapping = dict(base)
-            for key, text in rule.labels.items():
-                mapping[key] = expand(text, data)
+            for name, text in rule.labels.items():
+                mapping[name] = expand(text, data)
             mapping["alertname"] = rule.alert
             alert_labels = labels_of(mapping)
             if alert_labels in fresh:

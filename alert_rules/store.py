@@ -45,8 +45,8 @@ class Series:
         self.ts = array("q")
         self.vs = array("d")
         self.special = 0  # NaN or stale samples currently held: the fast paths need none
-        self.reset_ts: array | None = None
-        self.reset_prev: array | None = None
+        self.reset_ts: array[int] | None = None
+        self.reset_prev: array[float] | None = None
 
     def last_time(self) -> int | None:
         """Timestamp of the newest sample."""
@@ -59,7 +59,7 @@ class Series:
         self.reset_ts.append(t_ms)
         self.reset_prev.append(self.vs[-1])
 
-    def load(self, ts: array, vs: array) -> None:
+    def load(self, ts: array[int], vs: array[float]) -> None:
         """Replace every sample (sorted timestamps) and find the resets among them."""
         self.ts, self.vs = array("q", ts), array("d", vs)
         self.special = sum(1 for v in self.vs if math.isnan(v))
@@ -87,9 +87,9 @@ class Series:
             gone = bisect_right(self.reset_ts, self.ts[0]) if self.ts else len(self.reset_ts)
             if gone == len(self.reset_ts):
                 self.reset_ts = self.reset_prev = None
-            elif gone:
+            elif gone and self.reset_prev is not None:
                 del self.reset_ts[:gone]
-                del self.reset_prev[:gone]  # type: ignore[index]
+                del self.reset_prev[:gone]
 
     def bounds(self, mint_ms: int, maxt_ms: int) -> tuple[int, int]:
         """Index range ``[lo, hi)`` of the samples with ``mint <= t <= maxt``."""
@@ -206,7 +206,7 @@ class SeriesStore:
         changes = self._changes
         return sum(changes.get(name, 0) for name in names)
 
-    def backfill(self, labels: Labels, ts: array, vs: array, retention_ms: int | None = None) -> None:
+    def backfill(self, labels: Labels, ts: array[int], vs: array[float], retention_ms: int | None = None) -> None:
         """Install a whole series at once (sorted timestamps in ms, values); replaces any held samples."""
         name = _name_of(labels)
         family = self._by_name.setdefault(name, {})
@@ -298,7 +298,7 @@ class SeriesStore:
         last minus first value), the last with every counter reset added back when ``counter``,
         in the order Prometheus adds them.
         """
-        out = []
+        out: list[tuple[Labels, int, int, int, float, float]] = []
         append = out.append
         for series in self.series(name, matchers):
             ts = series.ts
@@ -332,7 +332,7 @@ class SeriesStore:
     def window(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int,
                maxt_ms: int) -> list[tuple[Labels, Sequence[int], Sequence[float]]]:
         """Samples with ``mint <= t <= maxt`` (both ends included, as Prometheus 2.x), stale ones left out."""
-        out = []
+        out: list[tuple[Labels, Sequence[int], Sequence[float]]] = []
         for series in self.series(name, matchers):
             ts = series.ts
             if not ts or ts[-1] < mint_ms or ts[0] > maxt_ms:

@@ -143,15 +143,15 @@ class SseReader:
             # arrived together are 0 s apart, as they would be one by one.
             end = buffer.rfind(b"\n\n") + 2
             if end > 1:
-                complete = buffer[:end] if end < len(buffer) else buffer
+                whole = buffer[:end] if end < len(buffer) else buffer
                 # one event (its end the only separator) is the usual read of a paced stream
-                events = 1 if complete.find(b"\n\n") == end - 2 else complete.count(b"\n\n")
-                if (complete.count(b"data: {") == events
-                        and complete.count(_RUNNING) + complete.count(_RUNNING_SPACED) == events
-                        and complete.find(b'"usage"') < 0 and complete.find(b'"error"') < 0):
+                event_count = 1 if whole.find(b"\n\n") == end - 2 else whole.count(b"\n\n")
+                if (whole.count(b"data: {") == event_count
+                        and whole.count(_RUNNING) + whole.count(_RUNNING_SPACED) == event_count
+                        and whole.find(b'"usage"') < 0 and whole.find(b'"error"') < 0):
                     self._buffer = buffer[end:]
-                    self._count_content(events, now_ns)
-                    return complete
+                    self._count_content(event_count, now_ns)
+                    return whole
         events = buffer.split(b"\n\n")
         self._buffer = events.pop()
         if self._max_event_bytes is not None and len(buffer) > self._max_event_bytes:
