@@ -45,7 +45,7 @@ class _Child:
         """Add every value; ``exemplar`` (e.g. the trace id) is attached to the last one's bucket."""
         if not values:
             return
-        bounds, tally = self._bounds, {}
+        bounds, tally = self._bounds, dict[int, int]()
         if len(values) <= _FEW:
             for value in values:
                 index = bisect.bisect_left(bounds, value)
@@ -60,15 +60,15 @@ class _Child:
                     tally[index], below = upto - below, upto
             tally[last] = len(ordered) - below
         total = math.fsum(values)
-        last = values[-1]
-        marker = Exemplar(exemplar, last, time.time()) if exemplar else None
+        newest = values[-1]
+        marker = Exemplar(exemplar, newest, time.time()) if exemplar else None
         with self._lock:
             counts = self._counts
             for index, count in tally.items():
                 counts[index] += count
             self._sum += total
             if marker is not None:
-                self._exemplars[bisect.bisect_left(bounds, last)] = marker
+                self._exemplars[bisect.bisect_left(bounds, newest)] = marker
 
     def observe(self, value: float, exemplar: dict[str, str] | None = None) -> None:
         """Add one value; ``exemplar`` is attached to its bucket."""

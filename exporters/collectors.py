@@ -255,9 +255,9 @@ class EngineCollector(Collector):
         """``{model: (blocks in use, requests running)}`` after vLLM's latest step, while the plugin is heard
         (one served model, one engine: what the plugin reports)."""
         step = self._engine_step() if self._engine_step is not None else None
-        if step is None or len(views) != 1 or views[0].engines != 1 or views[0].blocks_total is None:
+        view = views[0] if len(views) == 1 else None
+        if step is None or view is None or view.engines != 1 or view.blocks_total is None:
             return {}
-        view = views[0]
         return {view.model: (step.kv_cache_usage * derive.usable_blocks(view.blocks_total, "v1_engine"),
                              step.running)}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from exporters.inflight import InFlight
 from exporters.vllm_parse import CacheInfo, EngineSeries, EngineSnapshot, Histogram
@@ -227,7 +227,7 @@ def normalized(snapshot: EngineSnapshot) -> dict[str, object]:
     """
     combined = EngineSnapshot(
         snapshot.generation,
-        tuple(EngineSeries(**{**_as_dict(s), "model": "*"}) for s in snapshot.series),
+        tuple(replace(s, model="*") for s in snapshot.series),
         snapshot.cache,
         admission_rejections=tuple(("*", reason, value) for _m, reason, value in snapshot.admission_rejections),
     )
@@ -241,10 +241,6 @@ def normalized(snapshot: EngineSnapshot) -> dict[str, object]:
         "unknown_families": list(snapshot.unknown_families),
         "by_model": [_view_dict(v) for v in model_views(snapshot)],
     }
-
-
-def _as_dict(series: EngineSeries) -> dict[str, object]:
-    return {name: getattr(series, name) for name in EngineSeries.__slots__}
 
 
 def _view_dict(view: ModelView) -> dict[str, object]:

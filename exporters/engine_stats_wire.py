@@ -89,7 +89,7 @@ def decode(datagram: bytes) -> tuple[EngineStepStats | None, list[EngineRequestS
         state = message.get("s")
         step = EngineStepStats(float(state[0]), *(int(x) for x in state[1:5])) if state is not None else None
         requests = [
-            EngineRequestStats(str(r[0]), *(float(x) for x in r[1:6]), *(int(x) for x in r[6:10]), str(r[10]))
+            EngineRequestStats._make((str(r[0]), *(float(x) for x in r[1:6]), *(int(x) for x in r[6:10]), str(r[10])))
             for r in message.get("r", ())
         ]
     except (TypeError, ValueError, IndexError) as err:

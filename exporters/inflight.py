@@ -97,7 +97,7 @@ class InFlightTokens:
                 generated, last = stream.content_events, stream.last_content_ns  # type: ignore[attr-defined]
                 quiet = now_ns - last if last is not None else None
                 generating = quiet is not None and quiet < GENERATING_WITHIN_NS
-            out.append(InFlight(str(model), int(tokens) + int(generated), started, generating, quiet))  # type: ignore[call-overload, arg-type, operator]
+            out.append(InFlight(str(model), int(tokens) + int(generated), started, generating, quiet))  # type: ignore[call-overload, arg-type]
         return out
 
     def set_remote(self, source: str, entries: list[InFlight], *, ttl_s: float) -> None:
