@@ -24,7 +24,7 @@ def _checker() -> Callable[[str], None] | None:
         from alert_rules.promql import check_supported  # written in parallel; optional until it lands
     except ImportError:
         return None
-    return check_supported  # type: ignore[no-any-return]
+    return check_supported
 
 
 def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> tuple[RuleGroup, ...]:

@@ -316,7 +316,7 @@ def burn_alerts(config: RulesConfig) -> tuple[AlertRule, ...]:
 
 def rule_groups(config: RulesConfig) -> tuple[RuleGroup, ...]:
     """The SLO group: recordings first, so the alerts read this evaluation's ratios."""
-    rules = (*recording_rules(config), *burn_alerts(config))
+    rules: tuple[RecordingRule | AlertRule, ...] = (*recording_rules(config), *burn_alerts(config))
     return (RuleGroup("inferwatch-slo", rules, config.evaluation_interval_s, file="slo"),)
 
 

@@ -203,7 +203,7 @@ class ArchiveWriter:
     def _train(self, segment: _OpenSegment) -> None:
         """Train this segment's dictionary from its first records and write it as a frame."""
         samples, segment.samples = segment.samples or [], None
-        chunks = [
+        chunks: list[bytes | bytearray | memoryview[int]] = [
             frames.encode_records(samples[i:i + _SAMPLE_CHUNK]).payload
             for i in range(0, len(samples), _SAMPLE_CHUNK)
         ]

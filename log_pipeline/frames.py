@@ -314,7 +314,7 @@ def _codes(column: Sequence[Any]) -> tuple[list[Any], str] | None:
     if type(first) is str and column.count(first) == n:
         return [first], _CODE_CHARS[0] * n  # a constant column (only strings equal a string)
     try:
-        lookup = dict.fromkeys(column)
+        lookup: dict[Any, Any] = dict.fromkeys(column)
     except TypeError:
         return None  # lists or objects
     if len(lookup) > min(len(_CODE_CHARS), n // 4):

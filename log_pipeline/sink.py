@@ -121,7 +121,7 @@ class RecordSink:
             assert event is not None, "an event or its decision"
             decision = self.decide(event)
         if not decision.keep:
-            why: str | None = DROP_SAMPLING
+            why = DROP_SAMPLING
         elif not self.archiving:
             why = DROP_NO_ARCHIVE
         elif self._closed:
