@@ -69,7 +69,7 @@ def templating(items: Sequence[Spec | Row]) -> core.Templating:
     return core.Templating(list=[t for t in every if t.name in names])
 
 
-def annotations() -> core.Annotations:
+def alert_annotations() -> core.Annotations:
     """Firing alerts as annotations on every time-series panel."""
     return core.Annotations(list=[{
         "datasource": DATASOURCE, "enable": True, "hide": False, "iconColor": "red",
@@ -88,10 +88,10 @@ def dashboard(config: DashboardConfig, key: str, title: str, description: str,
     )]
     return core.Dashboard(
         title=title, uid=f"{config.uid_prefix}-{key}", description=description, tags=list(config.tags),
-        panels=layout(items, config.panel_height), templating=templating(items), annotations=annotations(),
+        panels=layout(items, config.panel_height), templating=templating(items), annotations=alert_annotations(),
         links=links, editable=False, refresh=config.refresh, time=core.Time(config.time_from, "now"),
         graphTooltip=1, timezone="browser",
     ).auto_panel_ids()
 
 
-__all__ = ["annotations", "dashboard", "templating", "variables"]
+__all__ = ["alert_annotations", "dashboard", "templating", "variables"]

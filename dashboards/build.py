@@ -99,9 +99,10 @@ def files(config: DashboardConfig, rules: RulesConfig) -> dict[str, str]:
         f"dashboards/{name}": json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
         for name, data in dashboards(config, rules).items()
     }
-    dump = {"sort_keys": True, "default_flow_style": False}
-    out["provisioning/datasources/inferwatch.yaml"] = yaml.safe_dump(datasources(config), **dump)
-    out["provisioning/dashboards/inferwatch.yaml"] = yaml.safe_dump(provider(config), **dump)
+    out["provisioning/datasources/inferwatch.yaml"] = yaml.safe_dump(
+        datasources(config), sort_keys=True, default_flow_style=False)
+    out["provisioning/dashboards/inferwatch.yaml"] = yaml.safe_dump(
+        provider(config), sort_keys=True, default_flow_style=False)
     return out
 
 

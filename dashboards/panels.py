@@ -61,7 +61,7 @@ class ModernHeatmap(core.Panel):
 
     def to_json_data(self) -> dict[str, Any]:
         """The panel in the current heatmap model."""
-        return self.panel_json({
+        data: dict[str, Any] = self.panel_json({
             "type": "heatmap",
             "fieldConfig": {"defaults": {"unit": self.unit, "custom": {"hideFrom": {
                 "legend": False, "tooltip": False, "viz": False}}}, "overrides": []},
@@ -78,6 +78,7 @@ class ModernHeatmap(core.Panel):
                 "yAxis": {"axisPlacement": "left", "reverse": False, "unit": self.unit},
             },
         })
+        return data
 
 
 def steps(*levels: tuple[str, float | None]) -> list[dict[str, Any]]:
@@ -94,8 +95,9 @@ def targets(queries: Sequence[Query]) -> list[PromTarget]:
     out = []
     for ref, q in zip(REF_IDS, queries, strict=False):
         fmt = "table" if q.table else "heatmap" if q.heatmap else "time_series"
-        out.append(PromTarget(expr=q.expr, legendFormat=q.legend, refId=ref, instant=q.instant,
-                              format=fmt, exemplar=q.exemplar, datasource=DATASOURCE))
+        # the fields inherited from grafanalib's Target are invisible to mypy (grafanalib is untyped)
+        out.append(PromTarget(expr=q.expr, legendFormat=q.legend, refId=ref,  # type: ignore[call-arg]
+                              instant=q.instant, format=fmt, exemplar=q.exemplar, datasource=DATASOURCE))
     return out
 
 
