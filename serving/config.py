@@ -23,6 +23,7 @@ from exporters.configuring import (
     one_of,
     optional_http_url,
     positive,
+    ratio,
     setting,
 )
 from exporters.errors import ConfigError
@@ -46,6 +47,10 @@ def _header_name(value: Any) -> str | None:
     if not value or not all(c.isalnum() or c in "-_" for c in value):
         return "must be an HTTP header name of letters, digits, '-' and '_', e.g. x-priority"
     return None
+
+
+def _optional_header_name(value: Any) -> str | None:
+    return None if value == "" else _header_name(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +169,68 @@ class ServeConfig:
     readiness_interval_s: float = setting(
         5.0, "Seconds between readiness probes of the upstream.", check=positive
     )
+    retired_models: list[str] = setting(
+        [], "Model names retired by a cut-over: a request naming one counts as a wrong-model request (reason "
+        "retired_model), so the stale clients still asking for it show, by their serve.client_header or User-Agent.",
+    )
+    model_renames: dict[str, str] = setting(
+        {}, "Requested model name -> the name its answers carry, for a gateway that rewrites names: such an answer "
+        "is not a wrong-model answer (aliases the upstream lists in /v1/models with the same root are learnt).",
+    )
+    client_header: str = setting(
+        "", "Request header naming the client in request records (how stale clients are found); empty = the "
+        "User-Agent.", check=_optional_header_name,
+    )
+    emoji_dense_threshold: int = setting(
+        15, "A prompt with more emoji than this is of text class emoji_dense (inferwatch_text_class_requests_total).",
+        check=non_negative,
+    )
+    long_prompt_upstream: str = setting(
+        "", "Base URL of a second vLLM for long prompts (the long lane): a generation request whose prompt is "
+        "estimated above long_prompt_tokens goes there; empty = one lane.", check=optional_http_url,
+    )
+    long_prompt_tokens: int = setting(
+        4096, "Estimated prompt tokens above which a request takes the long lane (the estimate: characters times "
+        "the tokens-per-character ratio learnt from finished requests' usage).", check=positive,
+    )
+    long_prompt_fallback: str = setting(
+        "main", "What a long prompt gets while the long lane is down (its last readiness probe failed, or it "
+        "refused the connection): main = the main upstream serves it (counted in "
+        "inferwatch_long_lane_fallbacks_total), refuse = a 503 with Retry-After.", check=one_of("main", "refuse"),
+    )
+    pass_priority: bool = setting(
+        False, "Send the priority header's value to vLLM's `priority` field, negated (the header: higher = more "
+        "important; vLLM: lower = earlier), for vLLM started with --scheduling-policy priority (any other vLLM "
+        "refuses a priority other than 0).",
+    )
+    shadow_upstream: str = setting(
+        "", "Base URL of a shadow upstream: a copy of a sampled generation request also goes there, never awaited "
+        "on the client's path; its answer is compared with the client's and thrown away. Empty = off.",
+        check=optional_http_url,
+    )
+    shadow_ratio: float = setting(
+        0.0, "Share of generation requests copied to the shadow, chosen by trace id (the high 64 bits), so every "
+        "process picks the same requests.", check=ratio,
+    )
+    shadow_max_inflight: int = setting(
+        16, "Shadow copies in flight at once; a copy beyond it is dropped (counted, reason full).", check=positive,
+    )
+    shadow_timeout_s: float = setting(
+        30.0, "Longest a shadow copy may take; past it the copy is dropped (counted, reason slow). The request's "
+        "metrics and record wait for its shadow up to this long; its client never does.", check=positive,
+    )
+    canary_upstream: str = setting(
+        "", "Base URL of a canary upstream taking canary_weight of the clients (sticky per client); its requests "
+        "carry role=canary on their metrics, records and spans. Empty = off.", check=optional_http_url,
+    )
+    canary_weight: float = setting(
+        0.0, "Share of clients sent to the canary, by a hash of the client's key (canary_client_header, else its "
+        "address): a client stays on its side while the weight stays.", check=ratio,
+    )
+    canary_client_header: str = setting(
+        "x-client-id", "Request header naming the client for the canary's stickiness; without it the client's "
+        "address is its key.", check=_header_name,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +294,7 @@ def build_settings(data: dict[str, Any] | None = None) -> Settings:
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(unknown[0], f"is not a known section; known sections: {', '.join(SECTIONS)}")
-    sections = {}
+    sections: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
         if not isinstance(table, dict):

@@ -35,7 +35,7 @@ from exporters.files import write_atomic
 
 log = logging.getLogger(__name__)
 
-RULE_RUNNER = web.AppKey("rule_runner", "RuleRunner")
+RULE_RUNNER: web.AppKey[RuleRunner] = web.AppKey("rule_runner")
 """Where the running engine is found on the app (absent when the embedded engine is off or failed)."""
 
 
@@ -45,7 +45,7 @@ class _Metrics:
     def __init__(self, registry: CollectorRegistry | None) -> None:
         s = specs
         self.duration = Histogram(s.RULE_EVALUATION_SECONDS.name, s.RULE_EVALUATION_SECONDS.help,
-                                  buckets=s.RULE_EVALUATION_SECONDS.buckets, registry=registry)
+                                  buckets=s.RULE_EVALUATION_SECONDS.buckets or (), registry=registry)
         self.failures = Counter(s.RULE_EVALUATION_FAILURES.name, s.RULE_EVALUATION_FAILURES.help,
                                 registry=registry)
         self.notifications = Counter(s.RULE_NOTIFICATIONS.name, s.RULE_NOTIFICATIONS.help,

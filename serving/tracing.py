@@ -90,7 +90,7 @@ class Tracing:
         else:
             trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
         result = provider.sampler.should_sample(parent, trace_id, name, SpanKind.SERVER, attributes)
-        flags = _FLAGS[result.decision.is_sampled(), bool(random_id)]
+        flags = _FLAGS[result.decision.is_sampled(), bool(random_id)]  # type: ignore[no-untyped-call]  # OTel SDK
         return NonRecordingSpan(SpanContext(trace_id, ids.generate_span_id(), is_remote=False,
                                             trace_flags=flags, trace_state=result.trace_state))
 

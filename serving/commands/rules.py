@@ -75,7 +75,8 @@ def _test(args: argparse.Namespace) -> int:
 def _rule_document(args: argparse.Namespace) -> dict[str, Any]:
     if args.rules:
         try:
-            return yaml.safe_load(Path(args.rules).read_text())
+            document: dict[str, Any] = yaml.safe_load(Path(args.rules).read_text())
+            return document
         except (OSError, yaml.YAMLError) as err:
             raise ConfigError("--rules", f"cannot read the rule file: {err}", args.rules) from err
     from alert_rules.render import rule_groups

@@ -28,7 +28,7 @@ class Backoff:
 
     def base_s(self, failures_before: int) -> float:
         """The base wait after ``failures_before + 1`` failures in a row."""
-        return min(self.max_s, self.initial_s * 2 ** min(failures_before, 64))
+        return min(self.max_s, self.initial_s * 2.0 ** min(failures_before, 64))
 
     def pause_after(self, ok: bool, retry_after_s: float | None = None) -> float:
         """Seconds to wait before the worker's next request: none after a success (the next failure waits

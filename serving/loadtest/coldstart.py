@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from serving.loadtest.pacing import Clock, Sleep
 from serving.loadtest.prompts import RequestPlan, build_payload, prompt_text
 from serving.loadtest.stats import Distribution
 
-Restart = Callable[[], Awaitable[None]]
+Restart = Callable[[], Coroutine[Any, Any, None]]
 """Restarts the upstream; returns when the restart command has ended, raises LoadTestError when it failed."""
 
 PROBE_WORDS = 16
