@@ -48,7 +48,8 @@ def log_record(event: Mapping[str, Any], resource: Resource) -> ReadableLogRecor
     """One request event as an OpenTelemetry log record with the request's trace and span ids."""
     level = str(event.get("level", "info"))
     attributes = {k: v for k, v in event.items() if k not in _OWN_FIELDS and v is not None}
-    record = LogRecord(
+    # the ids as ints beside event_name: the API's LogRecord takes both, though no overload spells it
+    record = LogRecord(  # type: ignore[call-overload]
         timestamp=_unix_ns(event["ts"]),
         observed_timestamp=time.time_ns(),
         trace_id=int(event["trace_id"], 16),
@@ -75,7 +76,7 @@ class OtlpLogSender:
 
     def shutdown(self) -> None:
         """Close the exporter's HTTP session."""
-        self.exporter.shutdown()
+        self.exporter.shutdown()  # type: ignore[no-untyped-call]  # the OTLP exporter is not annotated
 
 
 def otlp_shipper(config: LogConfig, service_name: str, registry: CollectorRegistry) -> RecordShipper | None:
