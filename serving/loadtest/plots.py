@@ -177,7 +177,8 @@ def increase(points: list[tuple[float, float | None]]) -> list[tuple[float, floa
     """A counter's increase since its first point; a drop is a restart (the counter began again at 0).
 
     A missing value stays missing (a gap); the increase goes on from the last known value after it."""
-    total, previous, out = 0.0, None, []
+    total, previous = 0.0, None
+    out: list[tuple[float, float | None]] = []
     for t_s, value in points:
         if value is None:
             out.append((t_s, None))

@@ -99,7 +99,8 @@ async def prepare(options: LoadOptions, *, say: Callable[[str], None]) -> tuple[
     offsets: Sequence[float] | None = None
     if options.preset == "long-context":
         requests = base.requests or LONG_CONTEXT_REQUESTS
-        specs = (replace(base, requests=requests, duration_s=None, concurrency=1, rate=None).validate(),)
+        specs: tuple[LoadSpec, ...] = (
+            replace(base, requests=requests, duration_s=None, concurrency=1, rate=None).validate(),)
         labels: tuple[str, ...] = (LONG_CONTEXT_STEP,)
     elif options.replay:
         specs, labels = (), ()

@@ -61,7 +61,7 @@ def ramp_offsets(spec: RampSpec) -> list[float]:
     a, b, span = spec.from_rps, spec.to_rps, spec.over_s
     slope = (b - a) / (2 * span)
     ramped = span * (a + b) / 2
-    offsets = []
+    offsets: list[float] = []
     index = 0
     while True:
         if index <= ramped:

@@ -66,7 +66,7 @@ def by_bucket(results: Sequence[RequestResult]) -> dict[str, dict[str, Any]]:
 
 def build_document(run: RunResult, context: ReportContext) -> dict[str, Any]:
     """Every number of the run, JSON-ready."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     verdicts = []
     for spec, label, report in zip(run.plan.steps, run.plan.labels, run.steps, strict=False):
         verdict = judge(label, report.results, report.requests_per_s, context.slo)

@@ -121,9 +121,9 @@ async def run_steps(
                 task.cancel()
             if restarts is not None and not restarts.done():
                 restarts.cancel()
-            for task in [*background, *([restarts] if restarts else [])]:
+            for stopped in [*background, *([restarts] if restarts else [])]:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await stopped
     result.wall_s = clock() - origin
     if plan.cold_starts is not None:
         for event in result.cold_starts:
