@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import psutil
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from serving.endpoints import error_response
 from serving.proxy import Proxy
@@ -47,7 +48,7 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
-def admin_guard(token: bytes | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def admin_guard(token: bytes | None) -> Middleware:
     """An aiohttp middleware refusing ``/admin/*`` to non-loopback clients without the bearer token."""
 
     @web.middleware

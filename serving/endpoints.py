@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
@@ -51,7 +52,7 @@ async def json_errors(
         return error_response(request, err.status, message, headers=headers)
 
 
-def metrics_handler(registry: CollectorRegistry) -> web.Handler:
+def metrics_handler(registry: CollectorRegistry) -> Handler:
     """Prometheus text by default, OpenMetrics (with exemplars) when the scraper asks for it."""
 
     async def handle(request: web.Request) -> web.Response:
@@ -72,7 +73,7 @@ class Readiness:
     """Probes the upstream's health endpoint; ``/readyz`` answers from a fresh probe."""
 
     def __init__(
-        self, upstream: str, path: str, session: object, timeout_s: float = 2.0, *,
+        self, upstream: str, path: str, session: Callable[[], aiohttp.ClientSession], timeout_s: float = 2.0, *,
         on_result: Callable[[bool], None] | None = None, details: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         """``on_result`` hears every probe's outcome; ``details`` adds to ``/readyz``'s JSON (cold starts)."""
@@ -92,7 +93,7 @@ class Readiness:
         """GET the upstream health URL once; remember and return whether it answered 200."""
         lost = self.lost
         try:
-            async with self._session().get(self.url, timeout=self._timeout) as response:  # type: ignore[operator]
+            async with self._session().get(self.url, timeout=self._timeout) as response:
                 ok = response.status == 200
                 self.last_error = None if ok else f"upstream answered {response.status}"
             lost = not ok

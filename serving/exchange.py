@@ -53,9 +53,15 @@ class Exchange(Protocol):
     """The path and query string, as forwarded upstream."""
     raw_path: str
     """The target exactly as the client sent it (what an HMAC signature covers)."""
-    headers: Mapping[str, str]
-    """Case-insensitive."""
     content_length: int | None
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive."""
+
+    @property
+    def client_address(self) -> str:
+        """The client's IP address (its connection's peer), empty when unknown."""
 
     async def read_body(self, max_bytes: int, timeout_s: float) -> bytes:
         """The whole body.
@@ -111,6 +117,10 @@ class AiohttpExchange:
         self.content_length = request.content_length
         self.response: web.StreamResponse | None = None
 
+    @property
+    def client_address(self) -> str:
+        return self._request.remote or ""
+
     async def read_body(self, max_bytes: int, timeout_s: float) -> bytes:
         request = self._request
         try:
@@ -146,4 +156,4 @@ async def aiohttp_handler(handle: ProxyHandler, request: web.Request) -> web.Str
 class ProxyHandler(Protocol):
     """What answers an exchange: :meth:`serving.proxy.Proxy.handle`."""
 
-    async def __call__(self, exchange: Exchange) -> None: ...
+    async def __call__(self, exchange: Exchange, /) -> None: ...
