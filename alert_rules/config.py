@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporters import buckets
-from exporters.configuring import non_negative, positive, setting
+from exporters.configuring import HTTP_URL_RULE, http_url, non_negative, positive, setting
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -52,8 +52,8 @@ def _receivers(value: Any) -> str | None:
     missing = [name for name in ("page", "ticket", "info") if name not in value]
     if missing:
         return f"must name a webhook URL for each receiver page, ticket and info (missing {missing[0]!r})"
-    bad = [k for k, v in value.items() if v and not v.startswith(("http://", "https://"))]
-    return f"the URL of {bad[0]!r} must start with http:// or https:// (or be empty)" if bad else None
+    bad = [k for k, v in value.items() if v and http_url(v) is not None]
+    return f"the URL of {bad[0]!r} {HTTP_URL_RULE} (or be empty)" if bad else None
 
 
 def _anchor_pattern(value: Any) -> str | None:
@@ -158,6 +158,37 @@ class RulesConfig:
     )
     long_context_for_s: float = setting(300.0, "Seconds the long-prompt failure ratio must stay high.",
                                         check=_whole_seconds)
+    # Release day: wrong-model answers, tokenizer drift, text classes.
+    wrong_model_ratio: float = setting(
+        0.005, "Alert when more than this share of inference requests are wrong-model requests (answered by another "
+        "model, or asking for a retired one).", check=_open_ratio,
+    )
+    wrong_model_window_s: float = setting(
+        600.0, "Rate window of the wrong-model ratio.", check=_whole_positive_seconds
+    )
+    wrong_model_for_s: float = setting(300.0, "Seconds the wrong-model ratio must stay high.", check=_whole_seconds)
+    wrong_model_min_requests: int = setting(
+        100, "Inference requests the wrong-model window must hold before its ratio can alert.", check=non_negative,
+    )
+    tokenizer_change_window_s: float = setting(
+        3600.0, "How long the tokenizer alert keeps firing after an upstream's tokenizer fingerprint changed under "
+        "the same model name.", check=_whole_positive_seconds,
+    )
+    text_class_error_ratio: float = setting(
+        0.05, "A text class (plain, emoji_dense, cjk) alerts when its failure ratio exceeds this ...",
+        check=_open_ratio,
+    )
+    text_class_factor: float = setting(
+        5.0, "... and this many times the failure ratio of the model's other text classes.", check=positive,
+    )
+    text_class_window_s: float = setting(
+        600.0, "Rate window of the text-class failure ratios.", check=_whole_positive_seconds
+    )
+    text_class_for_s: float = setting(300.0, "Seconds a text class must keep failing that often.",
+                                      check=_whole_seconds)
+    text_class_min_requests: int = setting(
+        20, "Requests of a text class its window must hold before its failure ratio can alert.", check=non_negative,
+    )
     # Scheduler, upstream, log pipeline.
     queue_waiting: float = setting(50.0, "Alert when more requests than this wait in the scheduler queue.",
                                    check=non_negative)
@@ -192,10 +223,28 @@ class RulesConfig:
     )
     batch_quantile: float = setting(0.75, "Quantile of the running batch compared with max_num_seqs.",
                                     check=_open_ratio)
-    batch_window_s: float = setting(3600.0, "Window over which the running batch is observed.",
+    batch_window_s: float = setting(3600.0, "Window over which the running batch, traffic and p99 are observed.",
                                     check=_whole_positive_seconds)
-    batch_raise_factor: float = setting(1.25, "Suggested new max_num_seqs = this x the current one.",
-                                        check=positive)
+    batch_for_s: float = setting(900.0, "Seconds the conditions of a batch-size advice must hold.",
+                                 check=_whole_seconds)
+    batch_raise_factor: float = setting(
+        1.25, "Raise advice: suggested max_num_seqs = this x the current one (rounded up), at most batch_max.",
+        check=positive,
+    )
+    batch_low_qps: float = setting(
+        50.0, "Requests per second below which a batch above batch_low_traffic_max brings no gain: the raise "
+        "advice needs more traffic than this, the lower advice less.", check=positive,
+    )
+    batch_low_traffic_max: int = setting(
+        4, "Lower advice: at low traffic the batch's quantile runs above this while p99 rises; it suggests this "
+        "(never below batch_min).", check=positive,
+    )
+    batch_p99_rise: float = setting(
+        0.1, "Lower advice: p99 end-to-end latency over batch_window_s exceeds the previous window's by this share.",
+        check=non_negative,
+    )
+    batch_min: int = setting(1, "Smallest max_num_seqs a batch-size advice suggests.", check=positive)
+    batch_max: int = setting(16, "Largest max_num_seqs a batch-size advice suggests.", check=positive)
     # SLOs.
     slo_objective: float = setting(0.999, "SLO objective as a ratio (0.999 = 99.9 %).", check=_objective)
     slo_period_days: int = setting(30, "SLO period in days (the error budget's window).", check=positive)

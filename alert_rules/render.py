@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from alert_rules import intervene, slo
+from alert_rules import cutover, intervene, slo
 from alert_rules.annotate import annotate
 from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, RuleGroup
@@ -34,7 +34,8 @@ def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LE
         ConfigError: the config names an unknown alert, or produces an expression the embedded
             evaluator cannot run (``UnsupportedExpression`` is a ValueError with the construct).
     """
-    groups = annotate(config, (*slo.rule_groups(config), *intervene.rule_groups(config, tuple(length_edges))))
+    groups = annotate(config, (*slo.rule_groups(config), *intervene.rule_groups(config, tuple(length_edges)),
+                               *cutover.rule_groups(config)))
     names = [a.name for g in groups for a in g.alerts()]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

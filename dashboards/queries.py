@@ -21,7 +21,7 @@ from alert_rules import slo as slo_rules
 from alert_rules.config import RulesConfig
 from alert_rules.spec import any_of, duration, number
 from alert_rules.windows import windows_used
-from exporters.catalog import engine, gpu, pipeline, process, request, rules, vllm
+from exporters.catalog import cutover, engine, gpu, pipeline, process, request, rules, vllm
 from exporters.catalog import prometheus as external
 from exporters.catalog.spec import MetricSpec, Source
 
@@ -228,6 +228,27 @@ def request_tokens() -> list[Query]:
 def prefill_share_per_request() -> Query:
     """Median share of a streamed request's time spent before the first token."""
     return Query(quantile(0.5, request.PREFILL_SHARE_RATIO), "p50 {{model_name}}")
+
+
+# Release day: wrong-model requests, tokenizer fingerprints, text classes.
+
+
+def failures_by_text_class() -> Query:
+    """Failure ratio per text class (plain, emoji_dense, cjk) and model, from its own family."""
+    bad = by("model_name, text_class", rate(cutover.TEXT_CLASS_REQUESTS, f'outcome=~"{error_outcome_regex()}"'))
+    every = by("model_name, text_class", rate(cutover.TEXT_CLASS_REQUESTS))
+    return Query(f"({bad} or ({every} * 0)) / {every}", "{{text_class}} {{model_name}}")
+
+
+def wrong_model_requests() -> Query:
+    """Wrong-model requests per second by requested model and reason."""
+    return Query(by("model_name, reason", rate(cutover.WRONG_MODEL_REQUESTS)), "{{reason}} {{model_name}}")
+
+
+def tokenizer_fingerprints() -> Query:
+    """The tokenizer fingerprint of each upstream and model, per replica."""
+    return Query(by("instance, upstream, model_name, fingerprint", sel(cutover.UPSTREAM_TOKENIZER), "max"), "",
+                 instant=True, table=True)
 
 
 # Per-instance breakdown: which replica is the bad one.

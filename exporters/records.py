@@ -28,6 +28,17 @@ class Outcome(enum.StrEnum):
         return self in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED)
 
 
+def outcome_of_status(status: int) -> Outcome:
+    """The outcome class of an upstream's HTTP status."""
+    if status < 400:
+        return Outcome.OK
+    if status in (429, 503):
+        return Outcome.OVERLOADED
+    if status < 500:
+        return Outcome.CLIENT_ERROR
+    return Outcome.UPSTREAM_ERROR
+
+
 def _format_tokens(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
@@ -51,6 +62,20 @@ def long_length_buckets(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES, above: in
     """Labels of the buckets whose prompts are all longer than ``above`` tokens."""
     labels = length_bucket_labels(edges)
     return tuple(label for label, lower in zip(labels, (0, *edges), strict=True) if lower >= above)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerPhases:
+    """What the engine said about one request in its answer (seconds; tokens; None where it does not say)."""
+
+    engine: str
+    prefill_s: float
+    decode_s: float
+    load_s: float | None = None
+    total_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    generated_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -89,6 +114,43 @@ class RequestRecord:
     """Time the stream waited for the client to take its bytes (its socket full: a slow reader)."""
     engine: EngineRequestStats | None = None
     """vLLM's own numbers for the request, from the stat-logger plugin (serve.engine_stats_listen)."""
+    answer_phases: AnswerPhases | None = None
+    """The engine's own numbers that came in its answer (Ollama's final message, llama.cpp's timings)."""
+    tenant: str = "unknown"
+    """Who sent it (serve.tenant_header or the API-key map), before the label cap; never the key itself."""
+    request_class: str | None = None
+    """Its class from cost.request_class_header (a special cost pool's class), if given."""
+    repeat_key: int | None = None
+    """A salted 64-bit hash of its model and prompt, for the repeat-prompt estimate (never the text)."""
+    requested_model: str | None = None
+    """The ``model`` the request named, as sent (cut to 128 characters); ``model`` is its bounded label."""
+    client: str | None = None
+    """Who sent the request: the serve.client_header value, else the User-Agent (cut to 128 characters)."""
+    wrong_model: str | None = None
+    """``other_model`` or ``retired_model`` for a wrong-model request (exporters/model_match.py), else None."""
+    text_class: str = "plain"
+    """The prompt's text class: ``plain``, ``emoji_dense`` or ``cjk`` (exporters/text_class.py)."""
+    tokenizer_fingerprint: str | None = None
+    """The fingerprint of the upstream's tokenizer for the model when the request ended, if known."""
+    lane: str = "default"
+    """``long`` when the request went to the long-prompt lane (serve.long_prompt_upstream), else ``default``."""
+    role: str = "primary"
+    """``canary`` when the request went to the canary upstream (serve.canary_upstream), else ``primary``."""
+    lane_fallback: str | None = None
+    """Why a long prompt did not take the long lane (``not_ready``, ``unreachable``); None when it did or was short."""
+    priority_class: str | None = None
+    """``high``, ``default`` or ``low`` by the priority header, with serve.pass_priority; else None."""
+    shadow_result: str | None = None
+    """For a request sampled for the shadow (serve.shadow_upstream): ``match``, ``mismatch`` or ``not_compared``
+    when both answered; ``dropped_full``, ``dropped_slow`` or ``dropped_down`` when the shadow copy was dropped."""
+    shadow_status: int | None = None
+    shadow_outcome: str | None = None
+    shadow_ttft_s: float | None = None
+    shadow_e2e_s: float | None = None
+    shadow_prompt_tokens: int | None = None
+    shadow_completion_tokens: int | None = None
+    shadow_distance: float | None = None
+    """How far the shadow's output is from the client's: 0 the same, 1 nothing in common (see serving/shadow.py)."""
 
     @property
     def mean_itl_s(self) -> float | None:

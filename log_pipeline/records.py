@@ -11,7 +11,7 @@ import functools
 import time
 from typing import Any
 
-from exporters.records import Outcome, RequestRecord
+from exporters.records import AnswerPhases, Outcome, RequestRecord
 
 SCHEMA_VERSION = 1
 EVENT_NAME = "request"
@@ -19,11 +19,15 @@ EVENT_NAME = "request"
 FIELDS: tuple[str, ...] = (
     "ts", "level", "event", "trace_id", "span_id", "model", "route", "outcome", "http_status",
     "prompt_tokens", "completion_tokens", "ttft_ms", "itl_ms", "e2e_ms", "queue_ms", "finish_reason",
-    "length_bucket", "upstream", "stream", "slow", "schema_version",
+    "length_bucket", "upstream", "lane", "role", "stream", "slow", "schema_version",
 )
 """Keys every request event has, in order; failures add ``error_type`` and ``error_message``, and a
 request joined to vLLM's stat-logger plugin ``engine_queue_ms``, ``engine_prefill_ms``,
-``engine_decode_ms``, ``engine_preemptions`` and ``engine_cached_tokens``."""
+``engine_decode_ms``, ``engine_preemptions`` and ``engine_cached_tokens`` (an answer of Ollama or llama.cpp
+that carried its own numbers: ``engine_source``, ``engine_prefill_ms``, ``engine_decode_ms`` and, where given,
+``engine_load_ms``, ``engine_total_ms``, ``engine_cached_tokens``); the release-day keys ``client``,
+``requested_model``, ``wrong_model``, ``tokenizer_fingerprint`` and ``text_class`` appear when known; the
+upstream choice's ``prompt_tokens_estimate``, ``lane_fallback``, ``priority_class`` and ``shadow_*`` likewise."""
 
 _LEVELS = {
     Outcome.OK: "info",
@@ -61,6 +65,55 @@ def is_slow(record: RequestRecord, sla_s: float | None) -> bool:
     return sla_s is not None and record.e2e_s is not None and record.e2e_s > sla_s
 
 
+def _add_cutover_fields(event: dict[str, Any], record: RequestRecord) -> None:
+    """The release-day keys, each only when known: who sent the request and what it asked for, why it was a
+    wrong-model request, a text class other than plain, the upstream's tokenizer fingerprint."""
+    for key in ("client", "requested_model", "wrong_model", "tokenizer_fingerprint"):
+        value = getattr(record, key)
+        if value is not None:
+            event[key] = value
+    if record.text_class != "plain":
+        event["text_class"] = record.text_class
+
+
+_SHADOW_FIELDS = ("shadow_status", "shadow_outcome", "shadow_prompt_tokens", "shadow_completion_tokens",
+                  "shadow_distance")
+
+
+def _add_upstream_choice_fields(event: dict[str, Any], record: RequestRecord) -> None:
+    """What serving/upstream_choice.py decided, each only when it applies: the prompt estimate that chose the
+    lane, a lane fallback, the priority class, the shadow's answer against the client's."""
+    if record.prompt_tokens_estimate is not None:
+        event["prompt_tokens_estimate"] = record.prompt_tokens_estimate
+    if record.lane_fallback is not None:
+        event["lane_fallback"] = record.lane_fallback
+    if record.priority_class is not None:
+        event["priority_class"] = record.priority_class
+    if record.shadow_result is None:
+        return
+    event["shadow_result"] = record.shadow_result
+    for key in _SHADOW_FIELDS:
+        value = getattr(record, key)
+        if value is not None:
+            event[key] = value
+    event["shadow_ttft_ms"] = milliseconds(record.shadow_ttft_s)
+    event["shadow_e2e_ms"] = milliseconds(record.shadow_e2e_s)
+
+
+def _add_answer_phases(event: dict[str, Any], phases: AnswerPhases) -> None:
+    """``engine_source`` and the engine's own phases from its answer; load and total (Ollama) and cached tokens
+    (llama.cpp) only where the engine gives them."""
+    event["engine_source"] = phases.engine
+    event["engine_prefill_ms"] = milliseconds(phases.prefill_s)
+    event["engine_decode_ms"] = milliseconds(phases.decode_s)
+    if phases.load_s is not None:
+        event["engine_load_ms"] = milliseconds(phases.load_s)
+    if phases.total_s is not None:
+        event["engine_total_ms"] = milliseconds(phases.total_s)
+    if phases.cached_tokens is not None:
+        event["engine_cached_tokens"] = phases.cached_tokens
+
+
 def event_from_record(
     record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
 ) -> dict[str, Any]:
@@ -94,6 +147,8 @@ def event_from_record(
         "finish_reason": record.finish_reason,
         "length_bucket": record.length_bucket,
         "upstream": record.upstream,
+        "lane": record.lane,
+        "role": record.role,
         "stream": record.stream,
         "slow": is_slow(record, sla_s),
         "schema_version": SCHEMA_VERSION,
@@ -109,6 +164,10 @@ def event_from_record(
         event["engine_decode_ms"] = milliseconds(engine.decode_s)
         event["engine_preemptions"] = engine.preemptions
         event["engine_cached_tokens"] = engine.cached_tokens
+    elif record.answer_phases is not None:  # Ollama's or llama.cpp's own numbers, from its answer
+        _add_answer_phases(event, record.answer_phases)
+    _add_cutover_fields(event, record)
+    _add_upstream_choice_fields(event, record)
     if capture_prompt_hash and record.prompt_hash is not None:
         event["prompt_sha256"] = record.prompt_hash
         event["prompt_chars"] = record.prompt_chars

@@ -18,28 +18,39 @@ from prometheus_client import CollectorRegistry
 from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
 from alert_rules.store import SeriesStore
+from exporters.catalog.engines import Engine
 from exporters.cold_start import ColdStartTracker
 from exporters.genai_metrics import GenAiServerMetrics
 from exporters.inflight import InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
+from exporters.upstream_metrics import UpstreamMetrics
+from exporters.usage import UsageAccounting
 from log_pipeline.sampling import SPAN_ATTRIBUTE
 from log_pipeline.shipper import RecordShipper
 from log_pipeline.sink import RecordSink
 from serving.admin import ADMIN_MOUNT, admin_app, admin_guard, load_admin_token
 from serving.admission import Admission
 from serving.config import Settings
+from serving.cutover import CutoverWatch, request_describer
 from serving.endpoints import Readiness, healthz, json_errors, metrics_handler
+from serving.engine_detect import DEFAULT_READINESS_PATH, EngineDetector, engine_detect_ctx
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.exchange import aiohttp_handler
 from serving.explain import ContextSources, RequestRing, add_explain_routes
 from serving.front import Front
+from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
+from serving.shadow import ShadowCopies
+from serving.showback.schedule import showback_schedule_ctx
+from serving.showback.sidecar import USAGE_PATH, usage_handler
 from serving.signing import SignatureVerifier, load_key
+from serving.tenancy import Tenancy
 from serving.tracing import Tracing
+from serving.upstream_choice import readiness_ctx as upstream_readiness_ctx
 from serving.workers import (
     FORWARDED_PATHS,
     RECORDS_PATH,
@@ -67,6 +78,7 @@ PROXY = web.AppKey("proxy", Proxy)
 SINK = web.AppKey("record_sink", RecordSink)
 SHIPPER = web.AppKey("record_shipper", RecordShipper)
 COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
+USAGE = web.AppKey("usage", UsageAccounting)
 
 
 def server_options(settings: Settings) -> dict[str, object]:
@@ -99,9 +111,11 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     registry.register(app[IN_FLIGHT_REQUESTS])
     metrics = RequestMetrics(registry)
     app[METRICS] = metrics
+    upstream_metrics = UpstreamMetrics(registry, settings.serve.long_prompt_fallback)
 
     def observe_metrics(record: RequestRecord, _span: Span) -> None:
         metrics.observe(record)
+        upstream_metrics.observe(record)  # lane fallbacks, estimate error, priority classes, shadow
 
     sink = RecordSink(settings.logs, registry)
     app[SINK] = sink
@@ -134,7 +148,13 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     def observe_for_explain(record: RequestRecord, _span: Span) -> None:
         ring.add(record)  # a reference kept: explanations are computed when asked
 
-    observers: list[Observer] = [observe_metrics, observe_logs, observe_health, observe_cold_start,
+    cutover = CutoverWatch(settings.serve, registry, lambda: app[SESSION])
+
+    def observe_cutover(record: RequestRecord, span: Span) -> None:
+        cutover.observe(record, span, generation=record.route in GENERATION_ROUTES)
+
+    # the cut-over observer first: it puts the wrong-model reason and the tokenizer on the record the others see
+    observers: list[Observer] = [observe_cutover, observe_metrics, observe_logs, observe_health, observe_cold_start,
                                  observe_for_explain]
     if settings.serve.genai_metrics:
         genai = GenAiServerMetrics(registry, *upstream_address(settings.serve.upstream))
@@ -155,9 +175,21 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     engine_stats = None
     if settings.serve.engine_stats_listen:
         engine_stats = app[ENGINE_STATS] = EngineStatsJoin(registry, settings.serve.engine_stats_wait_ms / 1000.0)
+    usage = app[USAGE] = UsageAccounting(settings.cost, settings.serve.max_tenants, settings.serve.tenant_window_s,
+                                         timeline=engine_stats.timeline if engine_stats is not None else None)
+    registry.register(usage)
+
+    def observe_usage(record: RequestRecord, _span: Span) -> None:
+        usage.observe(record)  # tenant, cost pool, GPU-seconds, cost, repeats: exporters/usage.py
+
+    observers.append(observe_usage)
 
     proxy = _proxy(app, settings, observers, degraded_models, on_normalized=metrics.normalized.inc,
-                   finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
+                   finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None,
+                   on_upstream_probed=lambda url, ok: metrics.upstream_ready.labels(url).set(1.0 if ok else 0.0))
+    if proxy.choice.shadow is not None:
+        shadow = proxy.choice.shadow
+        upstream_metrics.shadow_in_flight.set_function(lambda: shadow.in_flight)
     ready_gauge = metrics.upstream_ready.labels(settings.serve.upstream)
 
     def readiness_probed(ok: bool) -> None:
@@ -165,9 +197,12 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         staleness (``Readiness.lost``) never disagree."""
         ready_gauge.set(1.0 if ok else 0.0)
         cold_starts.probe(ok)
+        cutover.readiness(settings.serve.upstream, ok)  # a change to ready fingerprints the tokenizer again
 
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
                           on_result=readiness_probed, details=cold_starts.details)
+    detector = EngineDetector(settings.serve.engine, settings.serve.upstream,
+                              on_known=partial(_engine_known, settings, readiness))
     app[READINESS] = readiness
     app[PROXY] = proxy
 
@@ -175,18 +210,27 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.cleanup_ctx.append(_record_sink)
     if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
         app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))
+    app.cleanup_ctx.append(engine_detect_ctx(detector, registry, session, settings.scrape.interval_s))
     app.cleanup_ctx.append(_readiness_job)
     app.cleanup_ctx.append(engine_watch_ctx(
         settings, registry, session, app[INFLIGHT], readiness=lambda: readiness.last_ok,
         readiness_lost=lambda: readiness.lost,
         engine_step=engine_stats.current_step if engine_stats is not None else None,
+        engine=lambda: detector.engine, on_exposition=detector.note_exposition,
+    ))
+    app.cleanup_ctx.append(ollama_watch_ctx(
+        lambda: detector.engine == Engine.OLLAMA, settings.serve.upstream, session, registry,
+        settings.scrape.interval_s, settings.scrape.timeout_s,
     ))
     app.cleanup_ctx.append(rule_engine_ctx(
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
         registry, latest_vllm_text=lambda: app[ENGINE_WATCH].live_text() if ENGINE_WATCH in app else None,
         interval_s=settings.rules.evaluation_interval_s,
     ))
+    if settings.serve.showback_schedule:
+        app.cleanup_ctx.append(showback_schedule_ctx(settings.serve, settings.cost.currency, usage.ledger))
     app.on_cleanup.append(_shutdown_tracing)
+    app.on_cleanup.append(lambda _app: cutover.close())
 
     app.router.add_get("/metrics", metrics_handler(registry))
     app.router.add_get("/healthz", healthz)
@@ -202,6 +246,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         cold_starts=cold_starts,
         max_num_seqs=settings.rules.max_num_seqs, scrape_interval_s=settings.rules.evaluation_interval_s,
     ))
+    admin.router.add_get(USAGE_PATH, usage_handler(usage.ledger, settings.cost.currency))
     app.add_subapp(ADMIN_MOUNT, admin)
     if settings.serve.workers > 1:  # the primary of `serve --workers N`: the others' records come in here
         def finish_remote(record: RequestRecord, span: Span) -> None:
@@ -213,7 +258,14 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         intake = RecordIntake(finish_remote, app[INFLIGHT], app[IN_FLIGHT_REQUESTS], degraded_models, registry)
         app.router.add_post(RECORDS_PATH, intake.handle)
     app.router.add_route("*", "/v1/{tail:.*}", partial(aiohttp_handler, proxy.handle))
+    app.router.add_route("*", "/api/{tail:.*}", partial(aiohttp_handler, proxy.handle))  # Ollama's native API
     return app
+
+
+def _engine_known(settings: Settings, readiness: Readiness, engine: Engine) -> None:
+    """Once the engine is known: Ollama's readiness is its root endpoint (no /health), unless one was configured."""
+    if engine == Engine.OLLAMA and settings.serve.readiness_path == DEFAULT_READINESS_PATH:
+        readiness.url = settings.serve.upstream.rstrip("/") + "/"
 
 
 def build_secondary_app(settings: Settings, primary_socket: str, worker: int, parent_pid: int) -> web.Application:
@@ -256,6 +308,7 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
     admin.router.add_get("/{tail:.*}", forward)
     app.add_subapp(ADMIN_MOUNT, admin)
     app.router.add_route("*", "/v1/{tail:.*}", partial(aiohttp_handler, proxy.handle))
+    app.router.add_route("*", "/api/{tail:.*}", partial(aiohttp_handler, proxy.handle))  # Ollama's native API
     return app
 
 
@@ -269,6 +322,7 @@ def front_for(app: web.Application) -> Front:
 def _proxy(
     app: web.Application, settings: Settings, observers: list[Observer], degraded_models: Callable[[], frozenset[str]],
     *, on_normalized: Callable[[], None] | None, finish_with_engine_stats: FinishHook | None,
+    on_upstream_probed: Callable[[str, bool], None] = lambda _url, _ok: None,
 ) -> Proxy:
     """The proxy with its admission checks; with ``serve --workers N`` each process admits its share."""
     serve = settings.serve
@@ -283,12 +337,18 @@ def _proxy(
 
     proxy = Proxy(serve, session, app[TRACING], observers, app[INFLIGHT], admission,
                   in_flight=app[IN_FLIGHT_REQUESTS], capture_prompt_hash=settings.logs.capture_prompt_hash,
-                  on_normalized=on_normalized, finish_with_engine_stats=finish_with_engine_stats)
+                  on_normalized=on_normalized, finish_with_engine_stats=finish_with_engine_stats,
+                  describe_request=request_describer(serve), tenancy=Tenancy(serve, settings.cost),
+                  shadow=ShadowCopies(serve.shadow_upstream, serve.shadow_max_inflight, serve.shadow_timeout_s,
+                                      session) if serve.shadow_upstream else None)
 
     async def close_upstream_connections(_app: web.Application) -> None:
         proxy.upstream_pool.close()
 
     app.on_cleanup.append(close_upstream_connections)
+    # long lane, canary and shadow: their readiness decides fallbacks and drops (serving/upstream_choice.py)
+    app.cleanup_ctx.append(upstream_readiness_ctx(
+        proxy.choice, session, serve.readiness_path, serve.readiness_interval_s, on_upstream_probed))
     return proxy
 
 
@@ -336,7 +396,8 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
                 proxy.learn_models(names)
                 for name in names:
                     for route in sorted(GENERATION_ROUTES):
-                        metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges))
+                        for lane, role in proxy.choice.label_pairs:
+                            metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges), lane, role)
                         app[IN_FLIGHT_REQUESTS].precreate((name, route))
 
     scheduler = AsyncIOScheduler()

@@ -12,6 +12,7 @@ from typing import Any
 from alert_rules.config import RulesConfig
 from alert_rules.engine_config import EngineConfig
 from dashboards.config import DashboardConfig
+from exporters.catalog.engines import ENGINE_CHOICES
 from exporters.config import GpuConfig, ProcessConfig, ScrapeConfig
 from exporters.configuring import (
     FieldDoc,
@@ -26,6 +27,7 @@ from exporters.configuring import (
     ratio,
     setting,
 )
+from exporters.cost import CostConfig
 from exporters.errors import ConfigError
 from log_pipeline.config import LogConfig
 
@@ -43,6 +45,18 @@ def _udp_address(value: Any) -> str | None:
     return "must be empty or udp://HOST:PORT, e.g. udp://127.0.0.1:9101"
 
 
+def _cron(value: Any) -> str | None:
+    from serving.showback.schedule import cron_trigger  # apscheduler, only when a schedule is given
+
+    if value == "":
+        return None
+    try:
+        cron_trigger(value)
+    except ValueError as err:
+        return f"must be empty or a crontab expression of 5 fields (or 6, seconds first): {err}"
+    return None
+
+
 def _header_name(value: Any) -> str | None:
     if not value or not all(c.isalnum() or c in "-_" for c in value):
         return "must be an HTTP header name of letters, digits, '-' and '_', e.g. x-priority"
@@ -58,6 +72,12 @@ class ServeConfig:
     """Section ``[serve]``: the proxy."""
 
     upstream: str = setting("http://127.0.0.1:8000", "Base URL of the vLLM OpenAI server.", check=http_url)
+    engine: str = setting(
+        "auto", "The engine behind the upstream URL: vllm, sglang, ollama, llamacpp, or auto (recognized from its "
+        "/metrics names and endpoints, logged at start and exported as inferwatch_upstream_engine). It picks how "
+        "/metrics is read; with ollama the sidecar polls /api/tags and /api/ps and probes readiness on / (unless "
+        "readiness_path is set).", check=one_of(*ENGINE_CHOICES),
+    )
     listen: str = setting("127.0.0.1:9100", "HOST:PORT the sidecar listens on.", check=_host_port)
     connect_timeout_s: float = setting(
         5.0, "Seconds to wait for a TCP connection to the upstream.", check=positive
@@ -169,6 +189,33 @@ class ServeConfig:
     readiness_interval_s: float = setting(
         5.0, "Seconds between readiness probes of the upstream.", check=positive
     )
+    tenant_header: str = setting(
+        "x-tenant", "Request header naming the tenant a request is accounted to (usage, cost, per-tenant SLOs); "
+        "ignored when tenant_key_map_file is set.", check=_header_name,
+    )
+    tenant_key_map_file: str = setting(
+        "", "File mapping API keys to tenants, one 'SHA256-HEX-OF-THE-KEY TENANT' per line (# comments): the tenant "
+        "comes from the hash of the request's 'Authorization: Bearer KEY', never stored; an unmapped key is "
+        "'unknown'. Empty = tenant_header.",
+    )
+    max_tenants: int = setting(
+        64, "Tenants labelled by name in the usage families; the rest are 'other'. Chosen by traffic and stable "
+        "for tenant_window_s (see the README, Usage and cost).", check=positive,
+    )
+    tenant_window_s: float = setting(
+        3600.0, "Seconds the named tenants stay the same; after each window they become the max_tenants tenants "
+        "with the most requests in it.", check=positive,
+    )
+    showback_schedule: str = setting(
+        "", "When to write a showback report into showback_dir: a crontab expression (5 fields, e.g. '0 9 * * 1', "
+        "Monday 09:00) or 6 with seconds first; empty = never.", check=_cron,
+    )
+    showback_dir: str = setting(
+        "showback", "Directory the scheduled showback reports are written into, one subdirectory per report.",
+    )
+    showback_period_days: float = setting(
+        7.0, "Days a scheduled showback report covers, ending when it runs.", check=positive,
+    )
     retired_models: list[str] = setting(
         [], "Model names retired by a cut-over: a request naming one counts as a wrong-model request (reason "
         "retired_model), so the stale clients still asking for it show, by their serve.client_header or User-Agent.",
@@ -254,6 +301,7 @@ SECTIONS: dict[str, type] = {
     "rules": RulesConfig,
     "rule_engine": EngineConfig,
     "dashboards": DashboardConfig,
+    "cost": CostConfig,
 }
 
 
@@ -270,6 +318,7 @@ class Settings:
     rules: RulesConfig
     rule_engine: EngineConfig
     dashboards: DashboardConfig
+    cost: CostConfig
 
 
 def all_field_docs() -> list[FieldDoc]:

@@ -6,8 +6,9 @@ import asyncio
 import hashlib
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,20 +17,26 @@ import orjson
 import structlog
 from opentelemetry.trace import Span, Status, StatusCode
 
-from exporters.catalog.request import ROUTES
+from exporters.catalog.request import OLLAMA_ROUTES, ROUTES
+from exporters.engine_phases import of_answer, ollama_outcome
 from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
 from exporters.inflight import InFlightRequests, InFlightTokens, PromptSizeEstimator
-from exporters.records import Outcome, RequestRecord, length_bucket_labels
+from exporters.records import AnswerPhases, Outcome, RequestRecord, length_bucket_labels, outcome_of_status
 from serving.admission import Admission, Refusal
 from serving.body_checks import BodyError, decode_json_object
 from serving.config import ServeConfig
 from serving.errors import error_body, sse_error_event, upstream_error_body
 from serving.exchange import Exchange
+from serving.ndjson import CONTENT_TYPE as NDJSON_CONTENT_TYPE
+from serving.ndjson import NdjsonReader, error_line
+from serving.shadow import ShadowCopies
 from serving.sse import SseReader
 from serving.stream_relay import StreamRelay
+from serving.tenancy import Tenancy
 from serving.tracing import Tracing, span_id_hex, trace_id_hex
 from serving.unicode_nfc import normalize_prompt_text
+from serving.upstream_choice import Upstream, UpstreamChoice
 from serving.upstream_http import (
     ConnectTimeoutError,
     DisconnectedError,
@@ -41,7 +48,9 @@ from serving.upstream_http import (
 
 log = structlog.get_logger(__name__)
 
-GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", *OLLAMA_ROUTES})
+NATIVE_STREAM_ROUTES = frozenset(OLLAMA_ROUTES)
+"""Routes that stream unless the request says ``"stream": false`` (Ollama's), with their counts built in."""
 KNOWN_ROUTES = frozenset(ROUTES)
 HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -62,13 +71,15 @@ def upstream_address(upstream: str) -> tuple[str, int]:
 
 
 _PROBLEMS = {
-    "upstream_malformed_event": "upstream sent an SSE data line that is not JSON",
-    "upstream_event_too_large": "upstream sent an SSE event larger than serve.max_event_bytes",
+    "upstream_malformed_event": "upstream sent an SSE data line (or NDJSON line) that is not JSON",
+    "upstream_event_too_large": "upstream sent an SSE event (or NDJSON line) larger than serve.max_event_bytes",
 }
 
 Observer = Callable[[RequestRecord, Span], None]
 FinishHook = Callable[[RequestRecord, Callable[[], None]], None]
 """Called with a finished request and the call that runs its observers and ends its span (engine stats)."""
+RequestDescriber = Callable[[RequestRecord, Mapping[str, str], dict[str, Any] | None], None]
+"""Called once a request's body is read, with its headers and decoded generation payload (None for others)."""
 
 
 def engine_attributes(engine: EngineRequestStats) -> dict[str, float | int]:
@@ -83,6 +94,21 @@ def engine_attributes(engine: EngineRequestStats) -> dict[str, float | int]:
 """Called once per request, after it ended and before its span ends (metrics, logs, health)."""
 
 
+def answer_attributes(phases: AnswerPhases) -> dict[str, float | int | str]:
+    """Span attributes of the engine's numbers that came in its answer (milliseconds, as in the log record)."""
+    attributes: dict[str, float | int | str] = {
+        "inferwatch.engine.source": phases.engine,
+        "inferwatch.engine.prefill_ms": round(phases.prefill_s * 1000.0, 1),
+        "inferwatch.engine.decode_ms": round(phases.decode_s * 1000.0, 1),
+    }
+    for name, seconds in (("load_ms", phases.load_s), ("total_ms", phases.total_s)):
+        if seconds is not None:
+            attributes[f"inferwatch.engine.{name}"] = round(seconds * 1000.0, 1)
+    if phases.cached_tokens is not None:
+        attributes["inferwatch.engine.cached_tokens"] = phases.cached_tokens
+    return attributes
+
+
 def run_observers(observers: list[Observer], record: RequestRecord, span: Span) -> None:
     """Run each observer on a finished request; one that fails is logged, never raised."""
     for observer in observers:
@@ -90,17 +116,6 @@ def run_observers(observers: list[Observer], record: RequestRecord, span: Span) 
             observer(record, span)
         except Exception:  # an observer must never break the request path
             log.exception("request_observer_failed", observer=getattr(observer, "__name__", repr(observer)))
-
-
-def classify_status(status: int) -> Outcome:
-    """Map an upstream HTTP status to an outcome class."""
-    if status < 400:
-        return Outcome.OK
-    if status in (429, 503):
-        return Outcome.OVERLOADED
-    if status < 500:
-        return Outcome.CLIENT_ERROR
-    return Outcome.UPSTREAM_ERROR
 
 
 def prompt_strings(payload: dict[str, Any]) -> list[str]:
@@ -184,8 +199,13 @@ class Proxy:
         on_normalized: Callable[[], None] | None = None,
         finish_with_engine_stats: FinishHook | None = None,
         in_flight: InFlightRequests | None = None,
+        shadow: ShadowCopies | None = None,
+        describe_request: RequestDescriber | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self._config = config
+        self._tenancy = tenancy
+        self._describe_request = describe_request
         self._in_flight = in_flight if in_flight is not None else InFlightRequests()
         self._finish_with_engine_stats = finish_with_engine_stats
         self._session = session
@@ -201,6 +221,8 @@ class Proxy:
         self._upstream = config.upstream.rstrip("/")
         self.upstream_pool = UpstreamPool(self._upstream, config.connect_timeout_s)
         """The request path's connections to the upstream (serving/upstream_http.py)."""
+        self.choice = UpstreamChoice(config, self.upstream_pool, self._prompt_sizes, shadow)
+        """Which upstream each request goes to: long lane, canary, priority, shadow (serving/upstream_choice.py)."""
         address, port = upstream_address(self._upstream)
         self._server_attributes: dict[str, str | int] = {"server.address": address, "server.port": port}
         self._edges = tuple(config.length_bucket_edges)
@@ -226,6 +248,8 @@ class Proxy:
             upstream=self._upstream, start_unix=time.time(),
         )
         structlog.contextvars.bind_contextvars(trace_id=record.trace_id)  # the handler's own task: no leak
+        if self._tenancy is not None:  # tenant and request class from the headers: serving/tenancy.py
+            self._tenancy.tag(request.headers, record)
         self.active += 1
         try:
             await self._forward(request, record, span, start_ns)
@@ -237,10 +261,13 @@ class Proxy:
             self.active -= 1
             record.e2e_s = (time.perf_counter_ns() - start_ns) / 1e9
             self._inflight.remove(record.span_id)
+            finish: Callable[[], None] = partial(self._finish, record, span)
+            if self.choice.shadow is not None:  # a shadowed request's record waits for its copy: serving/shadow.py
+                finish = self.choice.shadow.after_copy(record, finish)
             if self._finish_with_engine_stats is None:
-                self._finish(record, span)
+                finish()
             else:  # vLLM's own numbers are joined first; they may still be on their way
-                self._finish_with_engine_stats(record, lambda: self._finish(record, span))
+                self._finish_with_engine_stats(record, finish)
 
     async def _forward(self, request: Exchange, record: RequestRecord, span: Span, start_ns: int) -> None:
         trace_headers = {TRACE_HEADER: record.trace_id, "Cache-Control": "no-store"}
@@ -250,7 +277,10 @@ class Proxy:
             body = await admission.read_body(request)
             admission.check_signature(request, body)
             outgoing = self._prepare(request.method, record, body)
+            if self._describe_request is not None:  # client, requested model, text class: serving/cutover.py
+                self._describe_request(record, request.headers, outgoing.payload)
             admission.check_shedding(outgoing.model, request.headers)
+            upstream = self._choose(request, outgoing, record) if self.choice.active else self.choice.main
         except Refusal as refusal:
             self._refuse(request, record, refusal, trace_headers)
             return
@@ -272,7 +302,7 @@ class Proxy:
         in_flight_key = (self._in_flight_label(outgoing.model), record.route)
         self._in_flight.add(in_flight_key)  # inferwatch_requests_in_flight, read at scrape time
         try:
-            await self._send(request, record, span, start_ns, outgoing, trace_headers)
+            await self._send(request, record, span, start_ns, outgoing, trace_headers, upstream)
         finally:
             self._in_flight.remove(in_flight_key)
             if tokenizing is not None and not tokenizing.done():
@@ -297,7 +327,8 @@ class Proxy:
         model = payload.get("model")
         outgoing.model = model if isinstance(model, str) else None
         record.model = outgoing.model or "unknown"
-        outgoing.stream = record.stream = bool(payload.get("stream"))
+        native = record.route in NATIVE_STREAM_ROUTES
+        outgoing.stream = record.stream = payload.get("stream") is not False if native else bool(payload.get("stream"))
         changed = False
         if self._config.normalize_unicode and normalize_prompt_text(payload):
             changed = True
@@ -305,7 +336,9 @@ class Proxy:
                 self._on_normalized()
         if self._capture_prompt_hash:
             prompt_hash(payload, record)  # after normalization: one text, one hash
-        if outgoing.stream:
+        if self._tenancy is not None:
+            self._tenancy.key_prompt(payload, outgoing.model, record)  # salted, for the repeat-prompt estimate
+        if outgoing.stream and not native:  # Ollama's native stream always ends with its counts
             options = payload.get("stream_options")
             options = dict(options) if isinstance(options, dict) else {}
             outgoing.client_usage = bool(options.get("include_usage"))
@@ -340,9 +373,32 @@ class Proxy:
         if isinstance(count, int):
             self._inflight.update(record.span_id, record.model, count)
 
+    def _choose(self, request: Exchange, outgoing: Outgoing, record: RequestRecord) -> Upstream:
+        """The request's upstream by canary, lane and priority (serving/upstream_choice.py); may add its priority.
+
+        Raises:
+            Refusal: a long prompt while the long lane is down, with serve.long_prompt_fallback = refuse.
+        """
+        if outgoing.payload is not None and record.prompt_chars is None:
+            record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
+        upstream, changed = self.choice.choose(request, outgoing.payload, record)
+        if changed:
+            outgoing.body = orjson.dumps(outgoing.payload)
+        return upstream
+
+    async def _connect(
+        self, request: Exchange, target: Upstream, headers: dict[str, str], body: bytes | None, deadline_ns: int | None,
+    ) -> UpstreamConnection:
+        """Send the request to ``target`` and wait for its status line, within the request's deadline."""
+        sending = target.pool.request(request.method, request.path_qs, headers, body, self._read_timeout_s)
+        if deadline_ns is None:
+            return await sending
+        async with asyncio.timeout(_seconds_left(deadline_ns)):
+            return await sending
+
     async def _send(
         self, request: Exchange, record: RequestRecord, span: Span, start_ns: int, outgoing: Outgoing,
-        trace_headers: dict[str, str],
+        trace_headers: dict[str, str], target: Upstream,
     ) -> None:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in REQUEST_HEADERS_DROPPED}
         headers["Accept-Encoding"] = "identity"
@@ -350,15 +406,21 @@ class Proxy:
             headers["X-Request-Id"] = record.trace_id  # vLLM's request id, how its plugin's records find us
         self._tracing.inject(span, headers)
         deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
+        shadow = self.choice.shadow_for(record) if outgoing.payload is not None else None
+        if shadow is not None:  # a copy to the shadow upstream, never awaited here
+            shadow.send(record, request.path_qs, headers, outgoing.body, outgoing.payload or {}, outgoing.stream)
         try:
-            sending = self.upstream_pool.request(
-                request.method, request.path_qs, headers, outgoing.body or None, self._read_timeout_s
-            )
-            if deadline_ns is None:
-                upstream = await sending
-            else:
-                async with asyncio.timeout(_seconds_left(deadline_ns)):
-                    upstream = await sending
+            try:
+                upstream = await self._connect(request, target, headers, outgoing.body or None, deadline_ns)
+            except UnreachableError:
+                if target is not self.choice.long:
+                    raise
+                # the long lane refused the connection (nothing was sent): the fallback takes the request
+                target = self.choice.fall_back(record, "unreachable")
+                upstream = await self._connect(request, target, headers, outgoing.body or None, deadline_ns)
+        except Refusal as refusal:
+            self._refuse(request, record, refusal, trace_headers)
+            return
         except Exception as err:  # every way of not getting a status line; see _upstream_failure
             self._upstream_failure(request, record, err, trace_headers, before_status=True)
             return
@@ -367,7 +429,7 @@ class Proxy:
             record.upstream_sent_s = (upstream.sent_ns - start_ns) / 1e9
             record.connect_s = upstream.connect_ns / 1e9
             record.http_status = upstream.status
-            record.outcome = classify_status(upstream.status)
+            record.outcome = outcome_of_status(upstream.status)
             record.model = self._model_label(outgoing.model, upstream.status)
             response_headers = {
                 k: v for k, v in upstream.headers.items() if k.lower() not in RESPONSE_HEADERS_DROPPED
@@ -375,10 +437,12 @@ class Proxy:
             if "Cache-Control" not in upstream.headers:
                 response_headers["Cache-Control"] = "no-store"  # never a cached answer from another model
             response_headers[TRACE_HEADER] = record.trace_id
-            is_sse = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-            if is_sse and upstream.status < 400:
+            content_type = upstream.headers.get("Content-Type", "")
+            is_sse = content_type.startswith("text/event-stream")
+            is_ndjson = content_type.startswith(NDJSON_CONTENT_TYPE)  # Ollama's native stream
+            if (is_sse or is_ndjson) and upstream.status < 400:
                 await self._stream(
-                    request, upstream, response_headers, record, start_ns, deadline_ns,
+                    request, upstream, response_headers, record, start_ns, deadline_ns, ndjson=is_ndjson,
                     expect_done=outgoing.stream,
                     strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
                     strip_usage_field=outgoing.stream and self._exact_usage and not outgoing.client_continuous,
@@ -400,6 +464,8 @@ class Proxy:
                 response_headers["Content-Type"] = "application/json"
             else:
                 self._read_json_body(data, record)
+                if shadow is not None:
+                    shadow.primary_answer(record, data)
             request.respond(upstream.status, response_headers, data)
         finally:
             upstream.release()
@@ -409,7 +475,7 @@ class Proxy:
         before_status: bool,
     ) -> None:
         """The JSON answer when the upstream failed before the client got anything; re-raises what is not ours."""
-        upstream = self._upstream
+        upstream = record.upstream
         if isinstance(err, ConnectTimeoutError):
             answer = (504, Outcome.TIMEOUT, "upstream_connect_timeout", f"upstream {upstream} did not accept a "
                       f"connection within {self._config.connect_timeout_s:g} s (serve.connect_timeout_s)")
@@ -438,6 +504,7 @@ class Proxy:
         start_ns: int,
         deadline_ns: int | None,
         *,
+        ndjson: bool = False,
         expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
@@ -447,9 +514,13 @@ class Proxy:
         def on_usage(prompt: int | None, completion: int | None) -> None:
             inflight.update(key, record.model, (prompt or 0) + (completion or 0))
 
-        reader = SseReader(strip_usage_chunk=strip_usage_chunk, strip_usage_field=strip_usage_field,
-                           on_usage=on_usage if self._exact_usage else None,
-                           max_event_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
+        reader: SseReader | NdjsonReader
+        if ndjson:
+            reader = NdjsonReader(max_line_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
+        else:
+            reader = SseReader(strip_usage_chunk=strip_usage_chunk, strip_usage_field=strip_usage_field,
+                               on_usage=on_usage if self._exact_usage else None,
+                               max_event_bytes=self._config.max_event_bytes, trace_id=record.trace_id)
         if record.prompt_tokens_estimate is not None:
             inflight.track(key, record.model, record.prompt_tokens_estimate, reader.stats)
         client = await request.start_stream(upstream.status, headers)
@@ -467,8 +538,8 @@ class Proxy:
                 failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
                            "upstream ended the stream in the middle of an event")
             elif expect_done and not stats.done and stats.error is None:
-                failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated",
-                           "upstream ended the stream without its final [DONE] event")
+                failure = (Outcome.UPSTREAM_ERROR, "upstream_stream_truncated", "upstream ended the stream without "
+                           + ("its final done message" if ndjson else "its final [DONE] event"))
         except ConnectionResetError as err:  # the client went away while we wrote to it
             record.outcome = Outcome.CANCELLED
             record.error_type, record.error_message = "client_disconnected", str(err)
@@ -487,11 +558,12 @@ class Proxy:
             upstream.close()
             record.outcome, record.error_type, record.error_message = failure
             log.warning(record.error_type, upstream=self._upstream, error=record.error_message)
-            await client.finish(sse_error_event(record.error_message or "", record.error_type or "", record.trace_id))
+            end = error_line if ndjson else sse_error_event
+            await client.finish(end(record.error_message or "", record.error_type or "", record.trace_id))
         else:
             await client.finish(b"")
 
-    def _stream_stats(self, reader: SseReader, record: RequestRecord, start_ns: int) -> None:
+    def _stream_stats(self, reader: SseReader | NdjsonReader, record: RequestRecord, start_ns: int) -> None:
         stats = reader.stats
         record.ttft_s = stats.ttft_s(start_ns)
         record.inter_token_s = stats.gaps_s
@@ -499,6 +571,7 @@ class Proxy:
         record.completion_tokens = stats.completion_tokens
         record.finish_reason = stats.finish_reason
         record.response_model = stats.response_model
+        record.answer_phases = stats.phases  # llama.cpp's timings, Ollama's final message
         if stats.error and record.outcome is Outcome.OK:
             record.outcome = Outcome.UPSTREAM_ERROR
             record.error_type, record.error_message = stats.error_type, stats.error
@@ -523,6 +596,9 @@ class Proxy:
             for choice in choices:
                 if isinstance(choice, dict) and choice.get("finish_reason"):
                     record.finish_reason = str(choice["finish_reason"])
+        if obj.get("done") is True:  # Ollama's native answer: its counts are its own
+            record.prompt_tokens, record.completion_tokens, record.finish_reason = ollama_outcome(obj)
+        record.answer_phases = of_answer(obj)  # llama.cpp's timings, Ollama's durations
 
     def learn_models(self, names: list[str]) -> None:
         """Remember model names the upstream serves (from /v1/models), so their errors keep their label."""
@@ -565,16 +641,21 @@ class Proxy:
     ) -> None:
         record.http_status, record.outcome = status, outcome
         record.error_type, record.error_message = kind, message
-        log.warning(kind, upstream=self._upstream, error=repr(err), trace_id=record.trace_id)
+        log.warning(kind, upstream=record.upstream, error=repr(err), trace_id=record.trace_id)
         request.respond(status, {**headers, "Content-Type": "application/json"},
-                        error_body(message, kind, status, upstream=self._upstream, trace_id=record.trace_id))
+                        error_body(message, kind, status, upstream=record.upstream, trace_id=record.trace_id))
 
     @staticmethod
     def _span_attributes(record: RequestRecord) -> dict[str, str | int | float | list[str]]:
         """The span's attributes of a finished request: status, outcome, GenAI response and usage, engine."""
         attributes: dict[str, str | int | float | list[str]] = {
             "http.response.status_code": record.http_status, "inferwatch.outcome": record.outcome.value,
+            "inferwatch.lane": record.lane, "inferwatch.role": record.role,  # which upstream served it
         }
+        if record.priority_class is not None:
+            attributes["inferwatch.priority_class"] = record.priority_class
+        if record.shadow_result is not None:
+            attributes["inferwatch.shadow.result"] = record.shadow_result
         if record.response_model is not None:
             attributes["gen_ai.response.model"] = record.response_model
         if record.finish_reason is not None:
@@ -585,6 +666,8 @@ class Proxy:
             attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
         if record.engine is not None:  # vLLM's own numbers, from its stat-logger plugin
             attributes.update(engine_attributes(record.engine))
+        elif record.answer_phases is not None:  # Ollama's or llama.cpp's, from its answer
+            attributes.update(answer_attributes(record.answer_phases))
         if record.outcome.is_error:
             attributes["error.type"] = record.error_type or record.outcome.value
         return attributes

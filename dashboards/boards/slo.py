@@ -9,7 +9,7 @@ from alert_rules.windows import WINDOW_PAIRS
 from dashboards import queries as q
 from dashboards.board import dashboard
 from dashboards.config import DashboardConfig
-from dashboards.panels import Row, Spec, stat, timeseries
+from dashboards.panels import Row, Spec, stat, table, timeseries
 
 TITLE = "LLM serving — SLOs and traffic"
 
@@ -83,6 +83,17 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Failure ratio by length bucket", "Share of requests that failed, per prompt length bucket.",
                    "percentunit", q.failures_by_length(), width=12,
                    thresholds=[("green", None), ("red", rules.long_context_error_ratio)], lines=True),
+        Row("Release day: wrong models, tokenizers, text classes"),
+        timeseries("Failure ratio by text class", "Share of generation requests that failed, per text class of their "
+                   "prompt (plain; emoji_dense: more emoji than serve.emoji_dense_threshold; cjk) and model; the "
+                   "dashed line is the text-class alert's threshold.", "percentunit", q.failures_by_text_class(),
+                   thresholds=[("green", None), ("red", rules.text_class_error_ratio)], lines=True, min_value=0),
+        timeseries("Wrong-model requests", "Requests per second answered by another model than they asked for "
+                   "(other_model) or asking for a retired model (retired_model), by requested model; the request "
+                   "records' client key says who sends them.", "reqps", q.wrong_model_requests()),
+        table("Tokenizer fingerprints", "The fingerprint of each upstream's tokenizer per model (a hash of its "
+              "/tokenize over a fixed probe set, taken when it becomes ready); two under one model name: "
+              "InferwatchTokenizerChanged.", "none", q.tokenizer_fingerprints(), width=8),
         Row("Alerts"),
         timeseries("Alerts by state", "Pending and firing alerts over time (a 0 line while none is; no data "
                    "when Prometheus reports no rule groups).", "short",

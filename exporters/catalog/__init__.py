@@ -2,9 +2,12 @@
 
 Outside this package a metric name is spelled only through a :class:`MetricSpec` attribute,
 so exporters, rules and dashboards cannot drift apart. Each area keeps its specs in its own
-module (``request``, ``genai`` for OpenTelemetry's GenAI names, ``vllm``, ``engine``, ``gpu``,
+module (``request``, ``upstreams`` for the lane, priority and shadow,
+``genai`` for OpenTelemetry's GenAI names, ``vllm``, ``engine``, ``gpu``,
+``usage`` for usage and cost by tenant,
 ``process``, ``pipeline``, ``rules``, ``recordings`` for our recording rules' outputs,
-``prometheus`` for what Prometheus writes itself);
+``prometheus`` for what Prometheus writes itself, ``cutover`` for wrong-model answers, tokenizer
+drift and text classes);
 ``ALL_SPECS`` joins them and refuses a name declared twice.
 """
 
@@ -15,7 +18,9 @@ import importlib
 from exporters.catalog.spec import MetricSpec, MetricType, Source
 
 _AREAS = (
-    "request", "genai", "vllm", "engine", "gpu", "process", "pipeline", "rules", "recordings", "prometheus",
+    "request", "usage", "upstreams", "genai", "vllm", "sglang", "llamacpp", "engine", "engines", "gpu", "process",
+    "pipeline", "rules", "recordings", "prometheus",
+    "cutover",
 )
 
 

@@ -42,7 +42,7 @@ def _names(node: object) -> Iterator[str]:
 def test_rule_groups_is_a_prometheus_rule_file_structure() -> None:
     """The interface dict has groups with name, interval and rules of record or alert shape."""
     data = render.rule_groups(RulesConfig(), EDGES)
-    assert [g["name"] for g in data["groups"]] == ["inferwatch-slo", "inferwatch-intervene"]
+    assert [g["name"] for g in data["groups"]] == ["inferwatch-slo", "inferwatch-intervene", "inferwatch-cutover"]
     for group in data["groups"]:
         assert group["interval"] == "15s"
         for rule in group["rules"]:
@@ -100,7 +100,7 @@ def test_override_of_an_unknown_alert_is_a_config_error() -> None:
 def test_rule_files_split_by_area_and_yaml_is_deterministic() -> None:
     """Two renders give the same bytes, and the YAML reads back to the same structure."""
     files = render.rule_files(RulesConfig(), EDGES)
-    assert sorted(files) == ["intervene", "slo"]
+    assert sorted(files) == ["cutover", "intervene", "slo"]
     text = render.to_yaml(files["slo"])
     assert text == render.to_yaml(render.rule_files(RulesConfig(), EDGES)["slo"])
     assert yaml.safe_load(text) == files["slo"]

@@ -1,0 +1,42 @@
+"""Text classes of prompts: emoji counted as documented, CJK by share, ASCII plain without a scan."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters.text_class import CJK, EMOJI_DENSE, PLAIN, emoji_count, text_class
+
+GRINNING = "\U0001f600"
+FLAG_JP = "\U0001f1ef\U0001f1f5"
+THUMBS_UP_MEDIUM = "\U0001f44d\U0001f3fd"
+FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [("plain ascii :-)", 0), (GRINNING * 3, 3), (FLAG_JP, 1), (THUMBS_UP_MEDIUM, 1), (FAMILY, 3),
+     ("\u2764\ufe0f", 1), ("caf\u00e9 \u6771\u4eac", 0)],
+    ids=["ascii", "three faces", "a flag is one", "a skin tone is no second emoji", "ZWJ family: each pictograph",
+         "heart with variation selector", "accents and CJK are no emoji"],
+)
+def test_emoji_are_counted_as_documented(text: str, count: int) -> None:
+    """Pictographs count one each, a flag one, modifiers and variation selectors nothing."""
+    assert emoji_count(text) == count
+
+
+def test_more_emoji_than_the_threshold_is_emoji_dense() -> None:
+    """Exactly the threshold stays plain; one more, spread over several texts, is emoji_dense."""
+    assert text_class(["hi " + GRINNING * 15], 15) == PLAIN
+    assert text_class(["hi " + GRINNING * 8, GRINNING * 8], 15) == EMOJI_DENSE
+
+
+def test_cjk_needs_a_third_of_the_visible_characters() -> None:
+    """Mostly Japanese is cjk; one kanji in English text is plain; spaces do not count."""
+    assert text_class(["\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059"], 15) == CJK
+    assert text_class(["Tokyo is \u6771\u4eac in Japanese, the capital of the country"], 15) == PLAIN
+    assert text_class(["ab      \u6771"], 15) == CJK
+
+
+def test_emoji_dense_wins_over_cjk() -> None:
+    """A CJK prompt full of emoji is emoji_dense: the class the crash story is about."""
+    assert text_class(["\u6771\u4eac" + GRINNING * 16], 15) == EMOJI_DENSE
