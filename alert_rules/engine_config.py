@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporters.configuring import non_negative, positive, setting
-
-
-def _optional_http(value: object) -> str | None:
-    text = str(value)
-    if text == "" or text.startswith(("http://", "https://")):
-        return None
-    return "must be empty or an http:// or https:// URL"
+from exporters.configuring import non_negative, optional_http_url, positive, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +26,10 @@ class EngineConfig:
                                 "5m).", check=positive)
     alertmanager_url: str = setting(
         "", "Alertmanager base URL (alerts go to POST <url>/api/v2/alerts); empty = none.",
-        check=_optional_http,
+        check=optional_http_url,
     )
     webhook_url: str = setting("", "Also POST alerts, webhook-style, to this URL; empty = none.",
-                               check=_optional_http)
+                               check=optional_http_url)
     stdout: bool = setting(False, "Also print each notification as one JSON line on stdout.")
     resend_delay_s: float = setting(60.0, "Seconds before a firing alert is sent again.", check=positive)
     send_timeout_s: float = setting(5.0, "Timeout of one notification POST, seconds.", check=positive)
@@ -45,4 +38,4 @@ class EngineConfig:
     state_max_age_s: float = setting(3600.0, "A saved alert older than this is not restored.",
                                      check=non_negative)
     external_url: str = setting("http://127.0.0.1:9100", "Base of each alert's generatorURL.",
-                                check=_optional_http)
+                                check=optional_http_url)

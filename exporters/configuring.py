@@ -50,11 +50,22 @@ def ratio(value: Any) -> str | None:
     return None if 0 <= value <= 1 else "must be between 0 and 1"
 
 
+HTTP_URL_RULE = "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+
+
 def http_url(value: Any) -> str | None:
-    """Validator: an http:// or https:// URL with a host."""
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+    """Validator: an http:// or https:// URL with a host, and a port from 1 to 65535 when it names one.
+
+    The one URL check of the code base: config keys, command-line URLs, webhook receivers and the
+    upstream connection pool all use it.
+    """
+    try:
+        parts = urlsplit(value)
+        port_ok = parts.port is None or parts.port > 0  # .port raises ValueError outside 0-65535
+    except ValueError:
+        return HTTP_URL_RULE
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        return HTTP_URL_RULE
     return None
 
 

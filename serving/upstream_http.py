@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from exporters.configuring import http_url
+
 KEEP_ALIVE_S = 4.0
 """An idle connection older than this is closed instead of reused: vLLM's server (uvicorn) closes its
 own at 5 s, and a request written into a connection the server is closing would fail for nothing."""
@@ -350,9 +352,11 @@ class UpstreamPool:
     """Connections to one upstream (``http://`` or ``https://`` base URL, any path prefix), kept alive and reused."""
 
     def __init__(self, base_url: str, connect_timeout_s: float) -> None:
+        problem = http_url(base_url)
+        if problem is not None:
+            raise ValueError(f"upstream {base_url!r} {problem}")
         parts = urlsplit(base_url)
-        if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-            raise ValueError(f"not an http:// or https:// URL with a host: {base_url!r}")
+        assert parts.hostname is not None  # http_url checked it
         self._host = parts.hostname
         self._port = parts.port or _DEFAULT_PORTS[parts.scheme]
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
+from exporters.configuring import http_url
 from exporters.errors import ConfigError
 from serving.loadtest import backoff
 
@@ -97,14 +97,9 @@ def check_range(key: str, value: float | None, low: float, high: float, *, open_
 
 def check_url(url: str) -> str:
     """Return ``url`` when it is an http(s) URL with a host; raise ConfigError otherwise."""
-    parts = urlsplit(url)
-    try:
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:
-        port_ok = False
-    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise ConfigError("--url", "must be an http:// or https:// base URL with a host, e.g. http://127.0.0.1:9100",
-                          url)
+    problem = http_url(url)
+    if problem is not None:
+        raise ConfigError("--url", problem, url)
     return url
 
 
