@@ -42,11 +42,11 @@ def parse_values(text: str) -> list[float | None]:
     """Expand promtool's series notation: ``1+2x3``, ``5x2``, ``_``, ``_x3``, ``stale``, numbers."""
     out: list[float | None] = []
     for token in str(text).split():
-        if token == "_":
+        if token == "_":  # noqa: S105 - a promtool series token, not a secret
             out.append(None)
         elif re.fullmatch(r"_x[0-9]+", token):
             out.extend([None] * int(token[2:]))
-        elif token == "stale":
+        elif token == "stale":  # noqa: S105 - a promtool series token, not a secret
             out.append(STALE_NAN)
         elif (match := _EXPANDING.match(token)) is not None:
             start, times = float(match["a"]), int(match["n"])

@@ -33,7 +33,7 @@ class Phase(enum.Enum):
     UNSEEN = "unseen"
     READY = "ready"
     DOWN = "down"
-    AWAITING_TOKEN = "awaiting_token"
+    AWAITING_TOKEN = "awaiting_token"  # noqa: S105 - a phase name, not a secret
 
 
 @dataclass(frozen=True, slots=True)

@@ -423,7 +423,7 @@ async def _model_names(session: aiohttp.ClientSession, settings: Settings) -> li
 
 async def _learn_models_until_known(session: aiohttp.ClientSession, settings: Settings, proxy: Proxy) -> None:
     """A secondary's model labels: ask the upstream until it answers (the primary's probe job does this)."""
-    while (names := await _model_names(session, settings)) is None:
+    while (names := await _model_names(session, settings)) is None:  # noqa: ASYNC110 - the upstream is asked until it answers; no event to wait on
         await asyncio.sleep(settings.serve.readiness_interval_s)
     proxy.learn_models(names)
 

@@ -601,7 +601,7 @@ class Front:
         for connection in list(self.connections):
             connection.shut()
         deadline = time.monotonic() + timeout_s
-        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:  # noqa: ASYNC110 - waits for requests to finish, which set no event
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
             if connection.transport is not None:

@@ -237,11 +237,11 @@ class PrimaryForwarder:
 async def watch_parent(parent_pid: int, socket_path: str) -> None:
     """Stop this secondary when the primary that started it is gone (it would be an orphan), and remove
     the socket the primary could not (it was killed)."""
-    while os.getppid() == parent_pid:
+    while os.getppid() == parent_pid:  # noqa: ASYNC110 - no event announces the parent's death: poll
         await asyncio.sleep(1.0)
     log.warning("worker_primary_gone", parent=parent_pid)
     socket = Path(socket_path)
-    socket.unlink(missing_ok=True)
+    socket.unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink on the way out
     with contextlib.suppress(OSError):  # another secondary may have been first, or the directory is not empty
         socket.parent.rmdir()
     os.kill(os.getpid(), signal.SIGTERM)
@@ -309,7 +309,7 @@ class Secondaries:
             self._spawn(index)
 
     def _spawn(self, index: int) -> None:
-        self._processes[index] = subprocess.Popen(self.command(index))
+        self._processes[index] = subprocess.Popen(self.command(index))  # noqa: S603 - our own argv (sys.executable -m serving.cli), no shell
 
     async def watch(self) -> None:
         """Restart a secondary that exited while we were not stopping (with growing back-off)."""
@@ -334,7 +334,7 @@ class Secondaries:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for process in self._processes.values():
-            while process.poll() is None and time.monotonic() < deadline:
+            while process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110 - a child's exit is polled (Popen has no awaitable)
                 await asyncio.sleep(0.05)
             if process.poll() is None:
                 log.warning("worker_killed", pid=process.pid)
@@ -395,5 +395,5 @@ async def serve_until_signal(
         await front.shutdown(shutdown_timeout_s)
         await runner.cleanup()
         if unix_path is not None:
-            Path(unix_path).unlink(missing_ok=True)
+            Path(unix_path).unlink(missing_ok=True)  # noqa: ASYNC240 - one unlink at shutdown
             Path(unix_path).parent.rmdir()

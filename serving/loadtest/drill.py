@@ -156,7 +156,7 @@ async def kill_drill(spec: DrillSpec, process: psutil.Process, *, say: Callable[
 
     async def worker(session: aiohttp.ClientSession, number: int) -> None:
         index = number
-        backoff = Backoff(INITIAL_MS / 1000, MAX_MS / 1000, random.Random(number))
+        backoff = Backoff(INITIAL_MS / 1000, MAX_MS / 1000, random.Random(number))  # noqa: S311 - jitter, not a secret
         pause_s = 0.0
         while not stop.is_set():
             plan = RequestPlan(prompt_text(spec.prompt_words, index), max_tokens=spec.max_tokens)

@@ -36,7 +36,7 @@ COMPLETION_ROUTE = "/v1/completions"
 def prompt_text(words: int, index: int) -> str:
     """``words`` common words: always the same first word and word multiset, in an order chosen by ``index``."""
     body = [_WORDS[1 + k % (len(_WORDS) - 1)] for k in range(max(0, words - 1))]
-    random.Random(index).shuffle(body)
+    random.Random(index).shuffle(body)  # noqa: S311 - seeded prompt text, not a secret
     return " ".join([_WORDS[0], *body])
 
 
@@ -117,7 +117,7 @@ class GeneratedSource:
         if len(self.lengths) == 1:
             length = self.lengths[0]
         else:
-            length = random.Random(self.seed * 1_000_003 + index).choices(self.lengths, self.weights)[0]
+            length = random.Random(self.seed * 1_000_003 + index).choices(self.lengths, self.weights)[0]  # noqa: S311 - seeded prompt lengths, not a secret
         text = prompt_text(length.words, index)
         messages = [{"role": "user", "content": text}] if self.chat else None
         return RequestPlan(None if self.chat else text, messages, self.max_tokens, None, length.label, length.tokens)

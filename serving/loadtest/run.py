@@ -150,7 +150,7 @@ async def _closed_loop(
     async def worker(worker_number: int) -> None:
         nonlocal issued
         backoff = Backoff(spec.retry_initial_ms / 1000, spec.retry_max_ms / 1000,
-                          random.Random(f"{spec.seed}:{worker_number}"))
+                          random.Random(f"{spec.seed}:{worker_number}"))  # noqa: S311 - seeded jitter, not a secret
         pause_s = 0.0
         while issued < limit:
             now = clock() - start

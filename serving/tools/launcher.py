@@ -59,7 +59,7 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
 def http_status(url: str, timeout: float = 2.0) -> int | None:
     """The HTTP status of a GET, or None when nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - servers this launcher started
             return int(response.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
@@ -83,7 +83,7 @@ class ManagedProcess:
         log)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = subprocess.Popen(  # noqa: S603 - argv built here, no shell
             list(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=self.env, cwd=self.cwd, process_group=0,
         )
@@ -183,7 +183,7 @@ def install_engine_stats_plugin() -> None:
     """Install this checkout into the vLLM venv (no dependencies) so that vLLM loads inferwatch's
     stat-logger plugin; idle in every vLLM started without INFERWATCH_ENGINE_STATS. About 3 s."""
     try:
-        subprocess.run([str(vllm_python()), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+        subprocess.run([str(vllm_python()), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",  # noqa: S603 - argv built here, no shell
                         "--force-reinstall", str(REPO)], check=True, capture_output=True, timeout=300)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         stderr = getattr(err, "stderr", b"") or b""
@@ -207,7 +207,7 @@ def build_tiny_model(out_dir: Path, seed: int | None = None) -> Path:
     if (out_dir / ".complete").exists():
         return out_dir
     seed_args = [] if seed is None else ["--seed", str(seed)]
-    result = subprocess.run(
+    result = subprocess.run(  # noqa: S603 - argv built here, no shell
         [str(vllm_python()), str(REPO / "serving/tools/tiny_model.py"), str(out_dir), *seed_args],
         capture_output=True, text=True, timeout=300, check=False,
     )
@@ -231,7 +231,7 @@ class VllmServer(RunningServer):
 
     def metrics_text(self) -> str:
         """The server's current /metrics text."""
-        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as response:  # noqa: S310 - a server this launcher started
             return str(response.read().decode())
 
     def busy_requests(self) -> float:
