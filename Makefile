@@ -14,7 +14,7 @@ help:
 	@echo "                UPSTREAM=URL [MODEL=M] uses an existing vLLM)"
 	@echo "make test       install everything the tests need and run the whole suite"
 	@echo "make test-unit  run the unit tests only (no real servers)"
-	@echo "make lint       ruff"
+	@echo "make lint       ruff, and mypy strict on the packages"
 	@echo "make example-plot  run the demo and keep its load-test timeline as docs/img/loadtest-timeline.png"
 	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
 	@echo "make runbooks   rewrite docs/runbooks.md (where the default runbook links point) as \`rules build\` writes it"
@@ -51,8 +51,11 @@ test: setup
 test-unit: venv
 	$(PY) -m pytest -q -ra -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
 
+# ruff over everything, mypy --strict over the five packages ([tool.mypy] in pyproject.toml); CI runs it
+# beside `make test` (.ci/run), not inside it.
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 demo: setup
 	$(PY) -m serving.tools.demo $(if $(KEEP),--keep,) $(if $(UPSTREAM),--upstream $(UPSTREAM),) $(if $(MODEL),--model $(MODEL),)

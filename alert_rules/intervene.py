@@ -12,7 +12,10 @@ alert is one builder here, listed in ``BUILDERS``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from alert_rules.config import RulesConfig
 from alert_rules.context import MODEL as MODEL_SCOPE
@@ -22,6 +25,7 @@ from alert_rules.scenario import (
     MODEL,
     UPSTREAM,
     Scenario,
+    Case,
     Series,
     above,
     ceil_to,
@@ -602,51 +606,171 @@ def log_drops(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     )]
 
 
-def _batch_scenario(c: RulesConfig, _alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+@dataclass(frozen=True, slots=True)
+class BatchAdvice:
+    """What the batch-size advice can suggest for one config: each direction's max_num_seqs, or None where that
+    direction cannot apply (the limit already at ``batch_max``, or not above ``batch_low_traffic_max``)."""
+
+    raise_to: int | None
+    lower_to: int | None
+
+    @classmethod
+    def of(cls, c: RulesConfig) -> BatchAdvice:
+        """The suggestions, always within [batch_min, batch_max]."""
+        if c.batch_min > c.batch_max:
+            raise ConfigError("rules.batch_min", f"must not exceed rules.batch_max ({c.batch_max})", c.batch_min)
+        if c.batch_raise_factor <= 1:
+            raise ConfigError("rules.batch_raise_factor", "must be above 1 (it raises max_num_seqs)",
+                              c.batch_raise_factor)
+        up = max(c.batch_min, min(c.batch_max, math.ceil(c.max_num_seqs * c.batch_raise_factor)))
+        down = max(c.batch_min, min(c.batch_low_traffic_max, c.batch_max))
+        ok = c.max_num_seqs > 0
+        return cls(up if ok and up > c.max_num_seqs else None,
+                   down if ok and c.max_num_seqs > c.batch_low_traffic_max and down < c.max_num_seqs else None)
+
+
+def _batch_terms(c: RulesConfig) -> dict[str, str]:
+    """The advice's conditions over ``rules.batch_window_s``, each a PromQL vector by model and instance."""
+    w, by = duration(c.batch_window_s), PER_REPLICA
+    batches = f"sum by ({by}, le) (rate({ENGINE_BATCH_REQUESTS.bucket}[{w}]))"
+    batch = f"histogram_quantile({number(c.batch_quantile)}, {batches})"
+    waiting = selector(ENGINE_REQUESTS.series, ("state", "=", "waiting"))
+    latency = E2E_LATENCY_SECONDS.bucket
+    p99 = f"histogram_quantile(0.99, sum by ({by}, le) (rate({latency}[{w}])))"
+    p99_before = f"histogram_quantile(0.99, sum by ({by}, le) (rate({latency}[{w}] offset {w})))"
+    return {
+        "batch": batch,
+        "waiting": f"sum by ({by}) (avg_over_time({waiting}[{w}])) > 0",
+        "kv": f"max by ({by}) (max_over_time({KV_USAGE.series}[{w}])) < {number(c.kv_cache_ratio)}",
+        "qps": f"sum by ({by}) (rate({selector(REQUESTS.series, SERVED)}[{w}]))",
+        "rise": f"{p99} > {number(1 + c.batch_p99_rise)} * {p99_before}",
+    }
+
+
+class _AdviceInputs(NamedTuple):
+    """One model's advice inputs: batches all ``small`` (p75 below 1) or ``big`` (above every bound), the waiting
+    queue, KV usage, requests per second, and latency fast throughout or ``rising`` (slow after window + 2 steps)."""
+
+    batch: str
+    waiting: float
+    kv: float
+    qps: float
+    rising: bool
+
+
+def _batch_inputs(c: RulesConfig, n: int, step: int, inputs: _AdviceInputs) -> tuple[Series, ...]:
+    """The series of ``inputs``, ``n`` samples ``step`` apart."""
+    batch, waiting, kv, qps, rising = inputs
     bounds = ENGINE_BATCH_REQUESTS.buckets or ()
-    if not bounds or not bounds[0] < c.max_num_seqs <= bounds[-1]:
-        raise ConfigError(
-            "rules.max_num_seqs",
-            f"must lie above {bounds[0]:g} and at most {bounds[-1]:g}, the batch-size histogram's bounds",
-            c.max_num_seqs,
-        )
-    step = step_for(c.batch_window_s)
-    n = steps_needed(c.batch_window_s + 4 * step, step)
-    les = [le_value(b) for b in bounds] + ["+Inf"]
-    small = dict.fromkeys(les, 10.0)  # every batch of one request: p75 <= the lowest bound
-    full = {le: (10.0 if le == "+Inf" else 0.0) for le in les}  # every batch above the top bound
-    return Scenario(
-        step, le_series(ENGINE_BATCH_REQUESTS.bucket, MODEL, small, n),
-        le_series(ENGINE_BATCH_REQUESTS.bucket, MODEL, full, n), step, {"model_name": MODEL},
+    per_step = dict.fromkeys([le_value(b) for b in bounds], 10.0 if batch == "small" else 0.0) | {"+Inf": 10.0}
+    model = ("model_name", "=", MODEL)
+    fast, slow = buckets.REQUEST_LATENCY[0], buckets.REQUEST_LATENCY[-1]
+    turn = int(c.batch_window_s // step) + 2  # the sample after which every request is slow
+    fast_values = (f"{counter_values(10, turn)} {number(10 * turn)}x{n - turn - 2}" if rising
+                   else counter_values(10, n))
+    latency = (Series(selector(E2E_LATENCY_SECONDS.bucket, model, ("le", "=", le_value(fast))), fast_values),
+               *(Series(selector(E2E_LATENCY_SECONDS.bucket, model, ("le", "=", le)), counter_values(10, n))
+                 for le in (le_value(slow), "+Inf")))
+    return (
+        *le_series(ENGINE_BATCH_REQUESTS.bucket, MODEL, per_step, n),
+        Series(selector(ENGINE_REQUESTS.series, model, ("state", "=", "waiting")), gauge_values(waiting, n)),
+        Series(selector(KV_USAGE.series, model), gauge_values(kv, n)),
+        *request_series(MODEL, qps * step, 0, n),
+        *latency,
     )
 
 
 def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
-    """Advice, never a page: the running batch stays below max_num_seqs."""
-    if config.max_num_seqs == 0:
+def _batch_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
+    """Each direction fires with all its conditions, and stays quiet with each one made false in turn."""
+    advice = BatchAdvice.of(c)
+    bounds = ENGINE_BATCH_REQUESTS.buckets or ()
+    if not c.batch_low_traffic_max < bounds[-1]:
+        raise ConfigError("rules.batch_low_traffic_max", f"must lie below {bounds[-1]:g}, the batch-size "
+                          "histogram's highest bound", c.batch_low_traffic_max)
+    step = step_for(c.batch_window_s)
+    # Lower: latency turns slow after the sample at window + 2 steps, so the previous window holds two samples.
+    rise_at = int(c.batch_window_s // step + 3) * step
+    n = steps_needed(rise_at + ceil_to(alert.for_s, step) + 2 * step, step)
+    low, kv_ok, kv_full = c.batch_low_qps, c.kv_cache_ratio / 2, above(c.kv_cache_ratio)
+    # Counters start at 0: rate() over a window not yet full reads qps x t / window, so the raise's traffic
+    # crosses batch_low_qps half a step before ``raise_at`` (clear of the boundary on both sides).
+    raise_at = max(step, ceil_to(c.batch_window_s / 2, step))
+    busy = low * c.batch_window_s / (raise_at - step / 2)
+    up = _AdviceInputs("small", 3.0, kv_ok, busy, rising=False)
+    down = _AdviceInputs("big", 0.0, kv_ok, low / 2, rising=True)
+    cases: list[tuple[str, _AdviceInputs, int, dict[str, str] | None]] = []
+    labels = {"model_name": MODEL}
+    if advice.raise_to is not None:
+        fired = labels | {"direction": "raise", "suggested_max_num_seqs": str(advice.raise_to)}
+        cases += [("raise advice fires", up, raise_at, fired),
+                  ("no raise with the batch at its limit", up._replace(batch="big"), raise_at, None),
+                  ("no raise without waiting requests", up._replace(waiting=0.0), raise_at, None),
+                  ("no raise with the KV cache full", up._replace(kv=kv_full), raise_at, None),
+                  ("no raise at low traffic", up._replace(qps=low / 2), raise_at, None)]
+    if advice.lower_to is not None:
+        fired = labels | {"direction": "lower", "suggested_max_num_seqs": str(advice.lower_to)}
+        cases += [("lower advice fires", down, rise_at, fired),
+                  ("no lower with a small batch", down._replace(batch="small"), rise_at, None),
+                  ("no lower while p99 holds", down._replace(rising=False), rise_at, None),
+                  ("no lower at high traffic", down._replace(qps=busy), rise_at, None)]
+    # Traffic exactly at batch_low_qps: neither direction (raise needs more, lower less).
+    both = _AdviceInputs("small", 3.0, kv_ok, low, rising=True)
+    cases.append(("neither at exactly batch_low_qps", both, rise_at, None))
+    made = [Case(name, _batch_inputs(c, n, step, inputs), fires, at) for name, inputs, at, fires in cases]
+    first = made[0]
+    return Scenario(step, first.inputs, made[-1].inputs, first.active_at_s or step, first.fires_with or labels,
+                    cases=tuple(made[1:]))
+
+
+    """Advice, never a page: raise max_num_seqs when the batch stays under it while requests wait, the KV cache has
+    room and traffic is high; lower it when traffic is low, the batch runs large and p99 rises. The expression's
+    value is the suggestion; the two directions exclude each other (traffic above or below ``batch_low_qps``)."""
+    advice = BatchAdvice.of(config)
+    t, m = _batch_terms(config), config.max_num_seqs
+    branches = []
+    if advice.raise_to is not None:
+        branches.append(f"(({t['batch']} < {m}) and ({t['waiting']}) and ({t['kv']}) and ({t['qps']} > "
+                        f"{number(config.batch_low_qps)})) * 0 + {advice.raise_to}")
+    if advice.lower_to is not None:
+        branches.append(f"(({t['batch']} > {config.batch_low_traffic_max}) and ({t['qps']} < "
+                        f"{number(config.batch_low_qps)}) and ({t['rise']})) * 0 + {advice.lower_to}")
+    if not branches:
         return []
-    w = duration(config.batch_window_s)
-    bucket = ENGINE_BATCH_REQUESTS.bucket
-    quantile = f"histogram_quantile({number(config.batch_quantile)}, sum by ({M}, le) (rate({bucket}[{w}])))"
-    suggested = round(config.max_num_seqs * config.batch_raise_factor)
+    w, raising = duration(config.batch_window_s), f"{{{{ if gt $value {float(m)!r} }}}}"
     return [AlertRule(
         name="InferwatchBatchSizeAdvice",
-        expr=f"{quantile} < {config.max_num_seqs}",
-        for_s=config.batch_window_s,
+        expr=" or ".join(f"({b})" for b in branches),
+        for_s=config.batch_for_s,
         severity=Severity.INFO,
-        labels={"max_num_seqs": str(config.max_num_seqs), "suggested_max_num_seqs": str(suggested)},
-        summary="Advice: the running batch size could be raised.",
+        labels={"max_num_seqs": str(m), "direction": f"{raising}raise{{{{ else }}}}lower{{{{ end }}}}",
+                "suggested_max_num_seqs": "{{ $value }}"},
+        summary="Advice: the running batch size limit could be changed.",
         description=(
-            f"The {config.batch_quantile * 100:g}th percentile of the running batch of model "
-            f"{{{{ $labels.model_name }}}} has stayed below max_num_seqs ({config.max_num_seqs}) for "
-            f"{w}; consider --max-num-seqs {suggested} (+{(config.batch_raise_factor - 1) * 100:g} %)."
+            f"Model {{{{ $labels.model_name }}}} over {w}: "
+            f"{raising}its running batch's {config.batch_quantile * 100:g}th percentile stayed below max_num_seqs "
+            f"({m}) while requests waited, the KV cache stayed below {_pct(config.kv_cache_ratio)} and traffic "
+            f"was above {config.batch_low_qps:g} requests/s{{{{ else }}}}traffic was below "
+            f"{config.batch_low_qps:g} requests/s, its running batch's {config.batch_quantile * 100:g}th "
+            f"percentile was above {config.batch_low_traffic_max} and p99 latency rose more than "
+            f"{_pct(config.batch_p99_rise)} over the previous {w}{{{{ end }}}}; consider --max-num-seqs "
+            f"{{{{ $value }}}} (bounds {config.batch_min}-{config.batch_max})."
         ),
         runbook=Runbook(
-            "Advice, never a page: the running batch stays below `--max-num-seqs`; the alert suggests "
-            "raising it by the configured factor (labels `max_num_seqs` and `suggested_max_num_seqs`).",
-            ("KV cache usage: raising the limit only helps while the cache has headroom.",
-             "Whether requests wait in the queue."),
-            ("Raise `--max-num-seqs` to the suggested value at the next deploy and watch preemptions.",),
+            "Advice, never a page: the evidence says `--max-num-seqs` is too low (direction `raise`: the batch "
+            "stays under the limit while requests wait, the KV cache has headroom and traffic is above "
+            "`rules.batch_low_qps`) or too high for the traffic (direction `lower`: below `rules.batch_low_qps` "
+            "a batch above `rules.batch_low_traffic_max` brings no gain and only adds tail latency). The label "
+            "`suggested_max_num_seqs` is the new limit, always within [`rules.batch_min`, `rules.batch_max`].",
+            ("Engine board: running batch size against `max_num_seqs`, waiting requests and KV cache usage.",
+             "Request rate per model over the last hour, and the p99 end-to-end latency trend.",
+             "That `rules.max_num_seqs` matches the flag vLLM runs with (the alert's `max_num_seqs` label)."),
+            ("Apply at the next deploy: restart vLLM with `--max-num-seqs <suggested_max_num_seqs>` (and set "
+             "`rules.max_num_seqs` to the same value so the advice follows).",
+             "After a raise, watch for an hour: preemptions (InferwatchPreemptionStorm), KV cache usage "
+             "(InferwatchKVCacheNearlyFull), waiting requests and p99 TTFT; go back if preemptions start.",
+             "After a lower, watch p99 end-to-end latency fall and the waiting queue stay short; raise again if "
+             "requests start to queue as traffic grows."),
         ),
         scenario=_batch_scenario,
     )]

@@ -39,11 +39,26 @@ class Series:
 
 
 @dataclass(frozen=True, slots=True)
+class Case:
+    """A further promtool test of an alert: its inputs, and the labels it fires with (None: it stays quiet).
+
+    For alerts with several conditions, one case per condition made false shows each one matters.
+    """
+
+    name: str
+    inputs: tuple[Series, ...]
+    fires_with: dict[str, str] | None = None
+    active_at_s: int | None = None
+    """When the case's expression would turn true (None: the scenario's ``active_at_s``); checked at that plus
+    the alert's ``for``."""
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     """Inputs that make an alert's expression true from ``active_at_s``, and inputs that keep it false.
 
     ``false_from_s``: the first evaluation at which the firing inputs make the expression false
-    again (needed to test ``keep_firing_for``).
+    again (needed to test ``keep_firing_for``). ``cases``: further tests, checked at the firing time.
     """
 
     step_s: int
@@ -52,6 +67,7 @@ class Scenario:
     active_at_s: int
     labels: dict[str, str] = field(default_factory=dict)
     false_from_s: int | None = None
+    cases: tuple[Case, ...] = ()
 
 
 ScenarioBuilder = Callable[["RulesConfig", "AlertRule", tuple[int, ...]], Scenario]
@@ -119,6 +135,6 @@ def le_series(spec_bucket: str, model: str, per_step: dict[str, float], steps: i
 
 
 __all__ = [
-    "MODEL", "UPSTREAM", "Scenario", "ScenarioBuilder", "Series", "above", "ceil_to", "counter_values",
+    "MODEL", "UPSTREAM", "Case", "Scenario", "ScenarioBuilder", "Series", "above", "ceil_to", "counter_values",
     "first_eval_after", "gauge_values", "le_series", "ratio_traffic", "request_series", "step_for", "steps_needed",
 ]

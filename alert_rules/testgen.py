@@ -17,14 +17,15 @@ from alert_rules.promql.evaluate import Evaluator
 from alert_rules.promql.template import QueryFunc, TemplateData, expand
 from alert_rules.promql.values import Labels
 from alert_rules.promtool_runner import load_series
-from alert_rules.scenario import Scenario, ceil_to
+from alert_rules.scenario import Case, Scenario, Series, ceil_to
 from alert_rules.spec import AlertRule, RuleGroup, duration
 from alert_rules.store import SeriesStore
 
 _TEMPLATE = re.compile(r"\{\{\s*\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 
 
-def render_annotations(alert: AlertRule, labels: dict[str, str], query: QueryFunc | None = None) -> dict[str, str]:
+def render_annotations(alert: AlertRule, labels: dict[str, str], query: QueryFunc | None = None,
+                       value: float = math.nan) -> dict[str, str]:
     """The annotations as Prometheus renders them for an alert instance with these labels.
 
     Without ``query`` only ``$labels.NAME`` is rendered; with it (the scenario's inputs at the evaluation time),
@@ -34,7 +35,7 @@ def render_annotations(alert: AlertRule, labels: dict[str, str], query: QueryFun
     out = {}
     for key, text in alert.all_annotations.items():
         if query is not None:
-            rendered = expand(text, TemplateData(labels, math.nan, {}, query=query))
+            rendered = expand(text, TemplateData(labels, value, {}, query=query))
             if rendered.startswith("<error expanding template"):
                 raise ValueError(f"alert {alert.name}: annotation {key}: {rendered}")
         else:
@@ -45,10 +46,11 @@ def render_annotations(alert: AlertRule, labels: dict[str, str], query: QueryFun
     return out
 
 
-def scenario_query(scenario: Scenario, t: int) -> QueryFunc:
-    """Instant queries over the scenario's firing inputs at ``t`` seconds (what a template query sees then)."""
+def scenario_query(scenario: Scenario, t: int, inputs: tuple[Series, ...] | None = None) -> QueryFunc:
+    """Instant queries over the scenario's firing inputs (or ``inputs``) at ``t`` seconds (what a template query
+    sees then)."""
     store = SeriesStore()
-    load_series(store, [s.to_dict() for s in scenario.firing], scenario.step_s * 1000)
+    load_series(store, [s.to_dict() for s in (scenario.firing if inputs is None else inputs)], scenario.step_s * 1000)
     evaluator = Evaluator(store)
 
     def query(text: str) -> list[tuple[Labels, float]]:
@@ -58,11 +60,27 @@ def scenario_query(scenario: Scenario, t: int) -> QueryFunc:
     return query
 
 
-def _expected(alert: AlertRule, scenario: Scenario, t: int) -> list[dict[str, Any]]:
-    """The alert as promtool should list it at ``t``, annotations as expanded at the evaluation ``t``."""
-    labels = {**scenario.labels, **alert.all_labels}
-    annotations = render_annotations(alert, labels, scenario_query(scenario, t))
+def _expected(alert: AlertRule, scenario: Scenario, t: int, case: Case | None = None) -> list[dict[str, Any]]:
+    """The alert as promtool should list it at ``t``, labels and annotations as expanded at the evaluation ``t``
+    (over the inputs of ``case`` when given)."""
+    base = scenario.labels if case is None or case.fires_with is None else case.fires_with
+    query = scenario_query(scenario, t, None if case is None else case.inputs)
+    value = _instance_value(alert, base, query)
+    series = {k: x for k, x in base.items() if k not in alert.all_labels}
+    labels = {**base, **{name: expand(text, TemplateData(series, value, {})) for name, text in alert.all_labels.items()}}
+    annotations = render_annotations(alert, labels, query, value)
     return [{"exp_labels": dict(sorted(labels.items())), "exp_annotations": annotations}]
+
+
+def _instance_value(alert: AlertRule, base: dict[str, str], query: QueryFunc) -> float:
+    """The expression's value for the instance ``base`` names, where a template reads ``$value`` (else NaN)."""
+    if not any("$value" in text for text in (*alert.all_labels.values(), *alert.all_annotations.values())):
+        return math.nan
+    series = {k: x for k, x in base.items() if k not in alert.all_labels}
+    values = [v for labels, v in query(alert.expr) if all(dict(labels).get(k) == x for k, x in series.items())]
+    if len(values) != 1:
+        raise ValueError(f"alert {alert.name}: {len(values)} instances with labels {base} in its scenario")
+    return values[0]
 
 
 def _check(alert: AlertRule, t: int, expected: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,16 +110,22 @@ def promtool_file(alert: AlertRule, scenario: Scenario, rule_files: list[str]) -
         checks.append(_check(alert, scenario.false_from_s + keep, []))
     quiet_checks = [_check(alert, fires, []), _check(alert, fires + step, [])]
     interval = duration(step)
-    return {
-        "rule_files": rule_files,
-        "evaluation_interval": interval,
-        "tests": [
-            {"name": f"{alert.name} fires", "interval": interval,
-             "input_series": [s.to_dict() for s in scenario.firing], "alert_rule_test": checks},
-            {"name": f"{alert.name} stays quiet", "interval": interval,
-             "input_series": [s.to_dict() for s in scenario.quiet], "alert_rule_test": quiet_checks},
-        ],
-    }
+    tests = [
+        {"name": f"{alert.name} fires", "interval": interval,
+         "input_series": [s.to_dict() for s in scenario.firing], "alert_rule_test": checks},
+        {"name": f"{alert.name} stays quiet", "interval": interval,
+         "input_series": [s.to_dict() for s in scenario.quiet], "alert_rule_test": quiet_checks},
+    ]
+    for case in scenario.cases:
+        at = fires if case.active_at_s is None else case.active_at_s + ceil_to(alert.for_s, step)
+        if case.fires_with is None:
+            case_checks = [_check(alert, at, []), _check(alert, at + step, [])]
+        else:
+            firing = _check(alert, at, _expected(alert, scenario, at, case))
+            case_checks = [_check(alert, at - step, []), firing] if at >= step else [firing]
+        tests.append({"name": f"{alert.name}: {case.name}", "interval": interval,
+                      "input_series": [s.to_dict() for s in case.inputs], "alert_rule_test": case_checks})
+    return {"rule_files": rule_files, "evaluation_interval": interval, "tests": tests}
 
 
 def promtool_files(config: RulesConfig, groups: tuple[RuleGroup, ...], length_edges: tuple[int, ...],

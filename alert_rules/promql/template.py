@@ -189,6 +189,13 @@ def printf(fmt: object, *args: object) -> str:
                 text = format(number, spec + verb) if verb != "g" or precision else _go_float_g(number)
         return text.rjust(int(width)) if width else text
 
+def _greater(a: object, b: object) -> bool:
+    """Go's ``gt`` on two numbers of one kind (``gt $value 8.0``; an int against a float is an error there)."""
+    if type(a) is not type(b) or not isinstance(a, int | float):
+        raise TemplateError(f"incompatible types for comparison: {go_value(a)} and {go_value(b)}")
+    return a > b
+
+
     return _VERB.sub(one, str(fmt))
 
 
@@ -201,6 +208,7 @@ def _first(result: object) -> Sample:
 
 
 def _sample(value: object, where: str) -> Sample:
+    "gt": _greater,
     if not isinstance(value, Sample):
         raise TemplateError(f"{where} needs a sample (e.g. query ... | first)")
     return value
@@ -226,7 +234,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "sortByLabel": _sort_by_label,
     "query": None,  # type: ignore[dict-item]  (needs the evaluator: see _call)
 }
-ARITY = {"printf": None, "label": 2, "sortByLabel": 2}
+ARITY = {"printf": None, "label": 2, "sortByLabel": 2, "gt": 2}
 """How many arguments each function takes (None: any number, at least one); the others take one."""
 
 _KEYWORDS = frozenset({"if", "else", "end", "with", "range", "define", "template", "block", "break",
@@ -411,7 +419,7 @@ def _print(value: object) -> str:
 
 @dataclass(slots=True)
 class _Block:
-    kind: str  # "with" | "range"
+    kind: str  # "if" | "with" | "range"
     pipeline: str
     body: list[_Node] = field(default_factory=list)
     otherwise: list[_Node] | None = None
@@ -483,7 +491,7 @@ def _parse(text: str) -> list[_Node]:
                 raise TemplateError(f"unclosed comment in template {text!r}")
             continue
         keyword = body.split(None, 1)[0] if body else ""
-        if keyword in ("with", "range"):
+        if keyword in ("if", "with", "range"):
             rest = body[len(keyword):].strip()
             if not rest:
                 raise TemplateError(f"missing pipeline after {keyword!r}")
@@ -496,6 +504,10 @@ def _parse(text: str) -> list[_Node]:
                 raise TemplateError(f"{body!r}: only a plain else is supported")
             if not stack or stack[-1].otherwise is not None:
                 raise TemplateError(f"unexpected else in template {text!r}")
+            if node.kind == "if":
+                branch = node.body if _truth(value) else node.otherwise
+                _execute(branch or [], dot, data, out)
+                continue
             stack[-1].otherwise = []
         elif keyword == "end":
             if body != "end" or not stack:

@@ -23,7 +23,7 @@ CONFIGS = {
             "sla_seconds": {"llama": 4.0, "qwen": 12.0}, "sla_default_s": 8.0, "swap_for_s": 120,
             "kv_cache_ratio": 0.8, "kv_cache_for_s": 90, "rollback_error_ratio": 0.05,
             "breaker_keep_firing_for_s": 120, "long_context_tokens": 4096, "slo_objective": 0.995,
-            "slo_latency_threshold_s": 5.0, "max_num_seqs": 64, "oom_count": 2, "oom_window_s": 20,
+            "slo_latency_threshold_s": 5.0, "max_num_seqs": 8, "oom_count": 2, "oom_window_s": 20,
             "upstream_down_for_s": 45, "service": "chat",
         },
     },

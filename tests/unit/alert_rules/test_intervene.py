@@ -83,15 +83,6 @@ def test_oom_burst_counts_without_extrapolation() -> None:
     assert expr.endswith(">= 3")
 
 
-def test_batch_advice_is_info_and_suggests_25_percent_more() -> None:
-    """The batch advice never pages and suggests max_num_seqs x 1.25."""
-    alert = _alerts(RulesConfig(max_num_seqs=128))["InferwatchBatchSizeAdvice"]
-    assert alert.severity == "info"
-    assert alert.labels["suggested_max_num_seqs"] == "160"
-    assert alert.expr.startswith("histogram_quantile(0.75,")
-    assert alert.expr.endswith("< 128")
-
-
 def test_batch_advice_off_with_zero() -> None:
     """max_num_seqs = 0 turns the advice off."""
     assert "InferwatchBatchSizeAdvice" not in _alerts(RulesConfig(max_num_seqs=0))

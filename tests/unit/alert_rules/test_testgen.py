@@ -35,7 +35,7 @@ def test_every_alert_has_a_test_file() -> None:
 def test_each_file_fires_and_stays_quiet(config: RulesConfig) -> None:
     """Each file has a firing test with a non-empty expectation and a quiet test expecting nothing."""
     for name, data in _files(config).items():
-        fires, quiet = data["tests"]
+        fires, quiet, *_cases = data["tests"]
         assert any(c["exp_alerts"] for c in fires["alert_rule_test"]), name
         assert all(c["exp_alerts"] == [] for c in quiet["alert_rule_test"]), name
 

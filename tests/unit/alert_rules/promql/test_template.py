@@ -29,9 +29,9 @@ def test_labels_and_duration() -> None:
 
 
 def test_unsupported_constructs_are_refused() -> None:
-    """if and unknown functions are refused at build time."""
+    """define and unknown functions are refused at build time."""
     with pytest.raises(TemplateError):
-        check_template("{{ if $value }}x{{ end }}")
+        check_template('{{ define "x" }}x{{ end }}')
     with pytest.raises(TemplateError):
         check_template("{{ $value | graphLink }}")
 
@@ -120,3 +120,16 @@ def test_the_context_constructs_pass_the_check() -> None:
     """with/else/range, query, first, value, label, sortByLabel and printf-built queries are accepted."""
     check_template('{{ with printf `max(x{m=%q})` $labels.m | query }}{{ . | first | value | humanize }}'
                    '{{ else }}no data{{ end }}{{ range query "y" | sortByLabel "r" }}{{ label "r" . }}{{ end }}')
+
+
+@pytest.mark.parametrize(("value", "expected"), [(10.0, "raise 10"), (8.0, "lower 8"), (4.0, "lower 4")])
+def test_if_with_gt_picks_a_branch_as_go_does(value: float, expected: str) -> None:
+    """``if gt $value 8.0``: the body when strictly greater, else the else branch (Go's text/template)."""
+    text = "{{ if gt $value 8.0 }}raise{{ else }}lower{{ end }} {{ $value }}"
+    assert expand(text, TemplateData({}, value, {})) == expected
+
+
+def test_gt_refuses_an_int_against_a_float() -> None:
+    """As in Go, ``gt $value 8`` compares a float with an int: an expansion error, not a silent answer."""
+    assert expand("{{ if gt $value 8 }}x{{ end }}", TemplateData({}, 10.0, {})).startswith(
+        "<error expanding template")
