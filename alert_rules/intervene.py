@@ -24,8 +24,8 @@ from alert_rules.runbooks import EXPLAIN_SLOWEST, KV_FIXES, ROLLBACK, SHED, Runb
 from alert_rules.scenario import (
     MODEL,
     UPSTREAM,
-    Scenario,
     Case,
+    Scenario,
     Series,
     above,
     ceil_to,
@@ -680,7 +680,6 @@ def _batch_inputs(c: RulesConfig, n: int, step: int, inputs: _AdviceInputs) -> t
     )
 
 
-def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
 def _batch_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Scenario:
     """Each direction fires with all its conditions, and stays quiet with each one made false in turn."""
     advice = BatchAdvice.of(c)
@@ -723,6 +722,7 @@ def _batch_scenario(c: RulesConfig, alert: AlertRule, _e: tuple[int, ...]) -> Sc
                     cases=tuple(made[1:]))
 
 
+def batch_advice(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
     """Advice, never a page: raise max_num_seqs when the batch stays under it while requests wait, the KV cache has
     room and traffic is high; lower it when traffic is low, the batch runs large and p99 rises. The expression's
     value is the suggestion; the two directions exclude each other (traffic above or below ``batch_low_qps``)."""

@@ -189,13 +189,6 @@ def printf(fmt: object, *args: object) -> str:
                 text = format(number, spec + verb) if verb != "g" or precision else _go_float_g(number)
         return text.rjust(int(width)) if width else text
 
-def _greater(a: object, b: object) -> bool:
-    """Go's ``gt`` on two numbers of one kind (``gt $value 8.0``; an int against a float is an error there)."""
-    if type(a) is not type(b) or not isinstance(a, int | float):
-        raise TemplateError(f"incompatible types for comparison: {go_value(a)} and {go_value(b)}")
-    return a > b
-
-
     return _VERB.sub(one, str(fmt))
 
 
@@ -208,7 +201,6 @@ def _first(result: object) -> Sample:
 
 
 def _sample(value: object, where: str) -> Sample:
-    "gt": _greater,
     if not isinstance(value, Sample):
         raise TemplateError(f"{where} needs a sample (e.g. query ... | first)")
     return value
@@ -218,6 +210,13 @@ def _sort_by_label(name: object, result: object) -> list[Sample]:
     if not isinstance(result, list):
         raise TemplateError("sortByLabel needs a query result")
     return sorted(result, key=lambda s: s.labels.get(str(name), ""))
+
+
+def _greater(a: object, b: object) -> bool:
+    """Go's ``gt`` on two numbers of one kind (``gt $value 8.0``; an int against a float is an error there)."""
+    if type(a) is not type(b) or not isinstance(a, int | float):
+        raise TemplateError(f"incompatible types for comparison: {go_value(a)} and {go_value(b)}")
+    return a > b
 
 
 FUNCTIONS: dict[str, Callable[..., object]] = {
@@ -232,6 +231,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "value": lambda s: _sample(s, "value").value,
     "label": lambda name, s: _sample(s, "label").labels.get(str(name), ""),
     "sortByLabel": _sort_by_label,
+    "gt": _greater,
     "query": None,  # type: ignore[dict-item]  (needs the evaluator: see _call)
 }
 ARITY = {"printf": None, "label": 2, "sortByLabel": 2, "gt": 2}
@@ -504,10 +504,6 @@ def _parse(text: str) -> list[_Node]:
                 raise TemplateError(f"{body!r}: only a plain else is supported")
             if not stack or stack[-1].otherwise is not None:
                 raise TemplateError(f"unexpected else in template {text!r}")
-            if node.kind == "if":
-                branch = node.body if _truth(value) else node.otherwise
-                _execute(branch or [], dot, data, out)
-                continue
             stack[-1].otherwise = []
         elif keyword == "end":
             if body != "end" or not stack:
@@ -531,6 +527,10 @@ def _execute(nodes: list[_Node], dot: object, data: TemplateData | None, out: li
             out.append(_print(_pipeline(node.pipeline, dot, data)))
         else:
             value = _pipeline(node.pipeline, dot, data)
+            if node.kind == "if":
+                branch = node.body if _truth(value) else node.otherwise
+                _execute(branch or [], dot, data, out)
+                continue
             if node.kind == "with":
                 if _truth(value):
                     _execute(node.body, value, data, out)
