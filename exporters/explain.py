@@ -58,13 +58,18 @@ _CATEGORICAL = ("upstream_error", "cold_start", "upstream_restart")
 
 @dataclass(frozen=True, slots=True)
 class EnginePhases:
-    """vLLM's own account of one request (milliseconds; tokens)."""
+    """The engine's own account of one request (milliseconds; tokens)."""
 
     queue_ms: float
     prefill_ms: float
     decode_ms: float
     preemptions: int
     cached_tokens: int
+    load_ms: float = 0.0
+    """Ollama's model load for the request (its load_duration; 0 elsewhere)."""
+    source: str = "vllm"
+    """Whose numbers: ``vllm`` (the stat-logger plugin), or ``ollama`` / ``llamacpp`` (their answers, which
+    have no queue time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +111,6 @@ def _ms(seconds: float | None) -> float | None:
 def facts_from_record(record: RequestRecord) -> RequestFacts:
     """The facts of a request the proxy finished (the ring's entries)."""
     gaps = record.inter_token_s
-    engine = record.engine
     return RequestFacts(
         trace_id=record.trace_id, model=record.model, route=record.route, stream=record.stream,
         outcome=record.outcome.value, http_status=record.http_status, start_unix=record.start_unix,
@@ -117,10 +121,20 @@ def facts_from_record(record: RequestRecord) -> RequestFacts:
         largest_gap_ms=max(gaps) * 1000.0 if gaps else None,
         median_gap_ms=statistics.median(gaps) * 1000.0 if gaps else None,
         mean_gap_ms=_ms(record.mean_itl_s), error_type=record.error_type, error_message=record.error_message,
-        engine=None if engine is None else EnginePhases(
-            engine.queued_s * 1000.0, engine.prefill_s * 1000.0, engine.decode_s * 1000.0, engine.preemptions,
-            engine.cached_tokens),
+        engine=_engine_phases(record),
     )
+
+
+def _engine_phases(record: RequestRecord) -> EnginePhases | None:
+    """vLLM's plugin numbers, else the ones an Ollama or llama.cpp answer carried, else None."""
+    engine, answer = record.engine, record.answer_phases
+    if engine is not None:
+        return EnginePhases(engine.queued_s * 1000.0, engine.prefill_s * 1000.0, engine.decode_s * 1000.0,
+                            engine.preemptions, engine.cached_tokens)
+    if answer is not None:
+        return EnginePhases(0.0, answer.prefill_s * 1000.0, answer.decode_s * 1000.0, 0, answer.cached_tokens or 0,
+                            (answer.load_s or 0.0) * 1000.0, answer.engine)
+    return None
 
 
 def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> RequestFacts:
@@ -131,6 +145,10 @@ def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> Request
         engine = EnginePhases(float(event["engine_queue_ms"]), float(event.get("engine_prefill_ms") or 0.0),
                               float(event.get("engine_decode_ms") or 0.0), int(event.get("engine_preemptions") or 0),
                               int(event.get("engine_cached_tokens") or 0))
+    elif event.get("engine_source") is not None and event.get("engine_prefill_ms") is not None:
+        engine = EnginePhases(0.0, float(event["engine_prefill_ms"]), float(event.get("engine_decode_ms") or 0.0), 0,
+                              int(event.get("engine_cached_tokens") or 0), float(event.get("engine_load_ms") or 0.0),
+                              str(event["engine_source"]))
     return RequestFacts(
         trace_id=str(event.get("trace_id", "")), model=str(event.get("model", "unknown")),
         route=str(event.get("route", "")), stream=bool(event.get("stream")), outcome=str(event.get("outcome", "")),
@@ -200,12 +218,17 @@ def _phases(facts: RequestFacts) -> list[dict[str, Any]]:
             after = sent
         engine = facts.engine
         if engine is not None:
-            engine_ms = engine.queue_ms + engine.prefill_ms + engine.decode_ms
+            engine_ms = engine.queue_ms + engine.load_ms + engine.prefill_ms + engine.decode_ms
             tail = max(0.0, e2e - after - engine_ms)
             client = min(facts.client_wait_ms, tail)
-            front = "vllm_front_end" if sent is not None else "sidecar_and_vllm_front_end"
-            parts += [(front, tail - client, sent is not None), ("engine_queue", engine.queue_ms, True),
-                      ("prefill", engine.prefill_ms, True), ("decode", engine.decode_ms, True),
+            upstream = "vllm" if engine.source == "vllm" else "upstream"
+            front = f"{upstream}_front_end" if sent is not None else f"sidecar_and_{upstream}_front_end"
+            parts.append((front, tail - client, sent is not None))
+            if engine.source == "vllm":  # only vLLM's plugin measures the queue
+                parts.append(("engine_queue", engine.queue_ms, True))
+            if engine.source == "ollama":
+                parts.append(("model_load", engine.load_ms, True))
+            parts += [("prefill", engine.prefill_ms, True), ("decode", engine.decode_ms, True),
                       ("client_slow_read", client, True)]
         elif facts.ttft_ms is not None:
             first = max(0.0, facts.ttft_ms - after)
@@ -243,6 +266,9 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         elif facts.start_unix < cold.began_unix <= facts.end_unix:
             found.append(_cause("upstream_restart", (facts.end_unix - cold.began_unix) * 1000.0,
                                 "vLLM went down while it ran (readiness lost)", **evidence))
+    if engine is not None and _significant(engine.load_ms, e2e, QUEUE_FLOOR_MS):
+        found.append(_cause("cold_start", engine.load_ms, f"{engine.source} loaded the model for it first "
+                            f"({engine.load_ms:,.0f} ms of load_duration)", load_ms=round(engine.load_ms, 1)))
     if engine is not None and engine.preemptions > 0:
         found.append(_cause("preempted", engine.decode_ms + engine.prefill_ms,
                             f"vLLM preempted it {engine.preemptions} time(s) (its KV blocks freed, then recomputed)",

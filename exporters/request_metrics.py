@@ -8,9 +8,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from exporters.batch_histogram import BatchHistogram
+from exporters.catalog import engines as engines_cat
 from exporters.catalog import request as cat
 from exporters.catalog.spec import MetricSpec
-from exporters.records import RequestRecord, length_bucket_labels
+from exporters.records import AnswerPhases, RequestRecord, length_bucket_labels
 
 
 def _histogram(spec: MetricSpec, registry: CollectorRegistry) -> BatchHistogram:
@@ -94,6 +95,7 @@ class RequestMetrics:
         self.engine_decode = _histogram(cat.ENGINE_DECODE_SECONDS, registry)
         self.engine_preemptions = _histogram(cat.ENGINE_PREEMPTIONS_PER_REQUEST, registry)
         self.engine_cached_ratio = _histogram(cat.ENGINE_CACHED_PROMPT_RATIO, registry)
+        self.engine_load = _histogram(engines_cat.REQUEST_ENGINE_LOAD_SECONDS, registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         """Children by (family, labels...): bounded by the label caps the proxy enforces."""
         self._series: dict[tuple[str, str, str, str], _Series] = {}
@@ -152,3 +154,16 @@ class RequestMetrics:
                 child(self.engine_cached_ratio, model, bucket, label).observe(
                     engine.cached_tokens / engine.prompt_tokens
                 )
+        elif record.answer_phases is not None:  # Ollama's or llama.cpp's, from its answer
+            self._observe_answer_phases(record.answer_phases, model, bucket, str(outcome))
+
+    def _observe_answer_phases(self, phases: AnswerPhases, model: str, bucket: str, outcome: str) -> None:
+        """The per-request engine histograms from an answer's own numbers (the families vLLM's plugin feeds,
+        plus the model load)."""
+        child = self._child
+        child(self.engine_prefill, model, bucket, outcome).observe(phases.prefill_s)
+        child(self.engine_decode, model, bucket, outcome).observe(phases.decode_s)
+        if phases.load_s is not None:
+            child(self.engine_load, model, bucket, outcome).observe(phases.load_s)
+        if phases.cached_tokens is not None and phases.prompt_tokens:
+            child(self.engine_cached_ratio, model, bucket, outcome).observe(phases.cached_tokens / phases.prompt_tokens)

@@ -74,7 +74,7 @@ class ServeConfig:
     upstream: str = setting("http://127.0.0.1:8000", "Base URL of the vLLM OpenAI server.", check=http_url)
     engine: str = setting(
         "auto", "The engine behind the upstream URL: vllm, sglang, ollama, llamacpp, or auto (recognized from its "
-        "/metrics names and endpoints, logged at start and exported as inferwatch_upstream_engine). It picks how "
+        "/metrics names and endpoints, logged at start and exported as an info metric). It picks how "
         "/metrics is read; with ollama the sidecar polls /api/tags and /api/ps and probes readiness on / (unless "
         "readiness_path is set).", check=one_of(*ENGINE_CHOICES),
     )

@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters import derive
 from exporters.catalog import engine as ce
+from exporters.catalog.engines import Engine
 from exporters.collectors import (
     EngineCollector,
     EngineState,
@@ -46,12 +47,13 @@ from exporters.collectors import (
     SampledHistogram,
     register_collectors,
 )
+from exporters.engine_parse import parse_engine_exposition
 from exporters.engine_stats_wire import EngineStepStats
 from exporters.errors import NvmlUnavailable
 from exporters.inflight import InFlightTokens
 from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher, load_pynvml
 from exporters.process_health import ProcessHealth, ProcessSnapshot
-from exporters.vllm_parse import EMPTY, EngineSnapshot, parse_exposition
+from exporters.vllm_parse import EMPTY, EngineSnapshot
 from serving.bounded_read import read_at_most
 from serving.config import Settings
 
@@ -81,13 +83,19 @@ class EngineWatch:
         readiness_lost: Callable[[], bool] | None = None,
         session_getter: Callable[[], aiohttp.ClientSession] | None = None,
         engine_step: Callable[[], EngineStepStats | None] | None = None,
+        engine: Callable[[], str | None] | None = None,
+        on_exposition: Callable[[str], None] | None = None,
     ) -> None:
-        """``readiness``: the last readiness probe's outcome (None before one); ``readiness_lost``: whether the
+        """``engine``: the engine behind the upstream (serving/engine_detect.py; None while unknown), which picks
+        how /metrics is read (Ollama has none: no scrape); ``on_exposition`` hears each scraped text.
+        ``readiness``: the last readiness probe's outcome (None before one); ``readiness_lost``: whether the
         last probe with an outcome found the upstream not ready (``Readiness.lost``), which takes the engine
         series out at once."""
         self.settings = settings
         self.inflight = inflight
         self.engine_step = engine_step
+        self._engine = engine or (lambda: None)
+        self._on_exposition = on_exposition
         self.upstream = settings.serve.upstream.rstrip("/")
         self.url = self.upstream + settings.scrape.path
         self.latest_text: str | None = None
@@ -138,6 +146,8 @@ class EngineWatch:
 
     async def scrape_once(self) -> None:
         """Fetch, parse and publish the upstream's /metrics once; failures are counted, never raised."""
+        if self._engine() == Engine.OLLAMA:
+            return  # no /metrics: serving/ollama_watch.py polls its models instead
         started = time.perf_counter()
         cfg = self.settings.scrape
         reason: str | None = None
@@ -203,7 +213,9 @@ class EngineWatch:
         return serving_energy(readings, list(self.settings.gpu.serving_gpus))
 
     def _publish(self, text: str, duration: float, energy: dict[str, float | None]) -> None:
-        snapshot = parse_exposition(text)
+        if self._on_exposition is not None:
+            self._on_exposition(text)
+        snapshot = parse_engine_exposition(text, self._engine())
         self._parse_errors += snapshot.parse_errors
         views = derive.model_views(snapshot)
         for view in views:
@@ -332,13 +344,15 @@ def engine_watch_ctx(
     readiness_lost: Callable[[], bool] | None = None,
     nvml_module: Any = None,
     engine_step: Callable[[], EngineStepStats | None] | None = None,
+    engine: Callable[[], str | None] | None = None,
+    on_exposition: Callable[[str], None] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory: builds, registers, starts and finally stops an EngineWatch."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         watch = EngineWatch(
             settings, inflight, nvml_module=nvml_module, readiness=readiness, readiness_lost=readiness_lost,
-            session_getter=session_getter, engine_step=engine_step,
+            session_getter=session_getter, engine_step=engine_step, engine=engine, on_exposition=on_exposition,
         )
         watch.register(registry)
         app[ENGINE_WATCH] = watch

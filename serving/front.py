@@ -54,8 +54,8 @@ log = structlog.get_logger(__name__)
 def _no_aiohttp() -> asyncio.Protocol:
     raise RuntimeError("Front.listen() sets aiohttp's server")
 
-FRONT_PREFIX = "/v1/"
-"""Requests the front answers itself; everything else is aiohttp's."""
+FRONT_PREFIX = ("/v1/", "/api/")
+"""Requests the front answers itself (the OpenAI API, and Ollama's native one); everything else is aiohttp's."""
 MAX_LINE_BYTES = 8190
 """The longest request target and header field (aiohttp's own limits)."""
 MAX_HEADERS = 128

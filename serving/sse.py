@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from exporters.engine_phases import from_llamacpp
+from exporters.records import AnswerPhases
 from serving.errors import upstream_error_type
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n")
@@ -48,6 +50,8 @@ class StreamStats:
     """The ``error.type`` of the upstream's error event (:func:`serving.errors.upstream_error_type`), with ``error``."""
     undecodable_events: int = 0
     done: bool = False
+    phases: AnswerPhases | None = None
+    """The engine's own numbers the stream carried (llama.cpp's ``timings``, Ollama's final message)."""
     problem: str | None = None
     """Why the stream cannot be forwarded further: ``upstream_malformed_event`` or ``upstream_event_too_large``."""
 
@@ -348,6 +352,8 @@ class SseReader:
             stats.content_ns.append(now_ns)
         usage = obj.get("usage")
         if isinstance(usage, dict):
+            if "timings" in obj:  # llama.cpp: the usage chunk carries the request's timings
+                stats.phases = from_llamacpp(obj["timings"])
             stats.prompt_tokens = usage.get("prompt_tokens", stats.prompt_tokens)
             stats.completion_tokens = usage.get("completion_tokens", stats.completion_tokens)
             if self._on_usage is not None:

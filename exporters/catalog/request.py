@@ -5,10 +5,12 @@ from __future__ import annotations
 from exporters import buckets
 from exporters.catalog.spec import MetricSpec, MetricType
 
-INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+OLLAMA_ROUTES = ("/api/generate", "/api/chat")
+"""Ollama's native generation routes (NDJSON streams), proxied and measured like the OpenAI ones."""
+INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", *OLLAMA_ROUTES)
 """``route`` values of the requests that run the model: the requests the SLOs count."""
 ROUTES = (*INFERENCE_ROUTES, "/v1/models")
-"""Every ``route`` value but ``other`` (any other path under ``/v1``)."""
+"""Every ``route`` value but ``other`` (any other path under ``/v1`` or ``/api``)."""
 
 REQUEST_LABELS = ("model_name", "route", "outcome", "length_bucket")
 LATENCY_LABELS = ("model_name", "route", "length_bucket")

@@ -20,6 +20,8 @@ class Source(enum.StrEnum):
 
     SIDECAR = "sidecar"  # inferwatch's own /metrics
     VLLM = "vllm"  # the vLLM server's /metrics (read, never re-exported under vLLM's name)
+    SGLANG = "sglang"  # SGLang's /metrics (read, normalized into the engine series)
+    LLAMACPP = "llamacpp"  # llama.cpp's llama-server --metrics (read, normalized into the engine series)
     RECORDING = "recording"  # written by inferwatch's recording rules (Prometheus or the embedded engine)
     PROMETHEUS = "prometheus"  # written or exposed by Prometheus itself (read by dashboards only)
 

@@ -1,0 +1,213 @@
+"""The engines inferwatch watches, what each one tells, and the sidecar's series that only some engines feed.
+
+``serve.engine`` names one of :class:`Engine` (or ``auto``: recognized from the upstream's ``/metrics`` names
+and endpoints). :data:`SIGNALS` is the table of the README's "Engines" section: for each signal of the engine
+view, whether each engine measures it, lets the sidecar derive it, or does not have it (and why). Rules and
+panels that read a series some engine does not feed say so (:func:`missing_on`), so that an empty panel or an
+alert that cannot fire is never silent about it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from exporters import buckets
+from exporters.catalog import engine as ce
+from exporters.catalog import request as cr
+from exporters.catalog.spec import MetricSpec, MetricType
+
+
+class Engine(enum.StrEnum):
+    """An inference engine behind the sidecar."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    OLLAMA = "ollama"
+    LLAMACPP = "llamacpp"
+
+
+AUTO = "auto"
+ENGINE_CHOICES = (AUTO, *(e.value for e in Engine))
+"""The values ``serve.engine`` takes."""
+ENGINE_NAMES = {Engine.VLLM: "vLLM", Engine.SGLANG: "SGLang", Engine.OLLAMA: "Ollama", Engine.LLAMACPP: "llama.cpp"}
+
+
+class Kind(enum.StrEnum):
+    """How the sidecar gets a signal from an engine."""
+
+    MEASURED = "measured"
+    DERIVED = "derived"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One signal of the engine view: the sidecar's series that carry it and how each engine feeds them."""
+
+    name: str
+    series: tuple[str, ...]
+    how: dict[Engine, tuple[Kind, str]]
+
+    def missing(self) -> dict[Engine, str]:
+        """The engines that do not feed it, with why."""
+        return {engine: text for engine, (kind, text) in self.how.items() if kind is Kind.MISSING}
+
+
+M, D, X = Kind.MEASURED, Kind.DERIVED, Kind.MISSING
+NO_METRICS = "Ollama has no /metrics"
+
+SIGNALS: tuple[Signal, ...] = (
+    Signal("requests running / waiting", (ce.ENGINE_REQUESTS.name, ce.ENGINE_BATCH_REQUESTS.name), {
+        Engine.VLLM: (M, "vllm:num_requests_running, vllm:num_requests_waiting"),
+        Engine.SGLANG: (M, "sglang:num_running_reqs, sglang:num_queue_reqs"),
+        Engine.LLAMACPP: (M, "llamacpp:requests_processing (busy slots), llamacpp:requests_deferred"),
+        Engine.OLLAMA: (X, NO_METRICS + "; the sidecar's own in-flight count stands in"),
+    }),
+    Signal("KV-cache usage", (ce.KV_USAGE.name,), {
+        Engine.VLLM: (M, "vllm:kv_cache_usage_perc"),
+        Engine.SGLANG: (M, "sglang:token_usage (its token pool)"),
+        Engine.LLAMACPP: (X, "llama-server exports no KV-cache gauge: KV usage unknown"),
+        Engine.OLLAMA: (X, NO_METRICS + ": KV usage unknown"),
+    }),
+    Signal("KV blocks, block size, capacity, in-flight blocks, fragmentation", (
+        ce.KV_BLOCKS_TOTAL.name, ce.KV_BLOCKS_USED.name, ce.KV_BLOCK_SIZE.name, ce.KV_CAPACITY_TOKENS.name,
+        ce.KV_INFLIGHT_BLOCKS.name, ce.KV_FRAGMENTATION.name,
+    ), {
+        Engine.VLLM: (D, "vllm:cache_config_info x usage"),
+        Engine.SGLANG: (X, "SGLang pages tokens, it exports no block count"),
+        Engine.LLAMACPP: (X, "no KV gauge"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("preemptions", (ce.ENGINE_PREEMPTIONS.name,), {
+        Engine.VLLM: (M, "vllm:num_preemptions_total"),
+        Engine.SGLANG: (M, "sglang:num_retracted_requests_total (retractions)"),
+        Engine.LLAMACPP: (X, "llama.cpp never preempts a slot and exports no such counter"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("prefix-cache hit ratio", (ce.ENGINE_PREFIX_CACHE_HIT_RATIO.name,), {
+        Engine.VLLM: (D, "prefix_cache_hits / prefix_cache_queries"),
+        Engine.SGLANG: (D, "sglang:cached_tokens_total / sglang:prompt_tokens_total"),
+        Engine.LLAMACPP: (D, "prompt_tokens_cached / (prompt_tokens + prompt_tokens_cached)"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("prefill / decode seconds and shares", (
+        ce.ENGINE_PREFILL_SECONDS.name, ce.ENGINE_DECODE_SECONDS.name, ce.ENGINE_PREFILL_SHARE.name,
+        ce.ENGINE_DECODE_SHARE.name,
+    ), {
+        Engine.VLLM: (M, "vllm:request_prefill_time_seconds_sum, vllm:request_decode_time_seconds_sum"),
+        Engine.SGLANG: (X, "SGLang exports no per-phase time sums"),
+        Engine.LLAMACPP: (M, "llamacpp:prompt_seconds_total, llamacpp:tokens_predicted_seconds_total"),
+        Engine.OLLAMA: (X, NO_METRICS + "; per request from its final message instead"),
+    }),
+    Signal("generated tokens, tokens per joule", (ce.ENGINE_GENERATION_TOKENS.name,), {
+        Engine.VLLM: (M, "vllm:generation_tokens_total"),
+        Engine.SGLANG: (M, "sglang:generation_tokens_total"),
+        Engine.LLAMACPP: (M, "llamacpp:tokens_predicted_total"),
+        Engine.OLLAMA: (X, NO_METRICS + "; inferwatch_completion_tokens_total (eval_count) instead"),
+    }),
+    Signal("batch size in tokens per step", (ce.ENGINE_STEP_TOKENS.name,), {
+        Engine.VLLM: (M, "vllm:iteration_tokens_total"),
+        Engine.SGLANG: (X, "no per-step token histogram"),
+        Engine.LLAMACPP: (X, "no per-step token histogram"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("queue by reason, engine's own admission rejections", (
+        ce.ENGINE_WAITING_BY_REASON.name, ce.ENGINE_ADMISSION_REJECTIONS.name,
+    ), {
+        Engine.VLLM: (M, "vllm:num_requests_waiting_by_reason, vllm:admission_rejections_total (0.32+)"),
+        Engine.SGLANG: (X, "not exported"),
+        Engine.LLAMACPP: (X, "not exported"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("per-request engine phases joined to the trace", (
+        cr.ENGINE_PREFILL_SECONDS.name, cr.ENGINE_DECODE_SECONDS.name,
+    ), {
+        Engine.VLLM: (M, "the stat-logger plugin: queue, prefill, decode, preemptions, cached tokens"),
+        Engine.SGLANG: (X, "its answers carry no timings"),
+        Engine.LLAMACPP: (M, "each answer's timings: prompt_ms, predicted_ms, cache_n"),
+        Engine.OLLAMA: (M, "the final message: load, prompt_eval, eval and total durations (ns)"),
+    }),
+    Signal("per-request engine queue, preemptions", (
+        cr.ENGINE_QUEUE_SECONDS.name, cr.ENGINE_PREEMPTIONS_PER_REQUEST.name,
+    ), {
+        Engine.VLLM: (M, "the stat-logger plugin"),
+        Engine.SGLANG: (X, "its answers carry no timings"),
+        Engine.LLAMACPP: (X, "timings have no queue time"),
+        Engine.OLLAMA: (X, "the final message has no queue time"),
+    }),
+)
+
+
+def missing_on(names: Iterable[str]) -> dict[Engine, str]:
+    """The engines that feed none of some of ``names`` (family names), each with the reasons, joined."""
+    wanted = set(names)
+    out: dict[Engine, list[str]] = {}
+    for signal in SIGNALS:
+        if wanted & set(signal.series):
+            for engine, text in signal.missing().items():
+                reasons = out.setdefault(engine, [])
+                if text not in reasons:
+                    reasons.append(text)
+    return {engine: "; ".join(texts) for engine, texts in out.items()}
+
+
+def missing_note(names: Iterable[str]) -> str:
+    """One sentence naming the engines on which a rule or panel reading ``names`` stays empty, or ``""``."""
+    missing = missing_on(names)
+    if not missing:
+        return ""
+    parts = [f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing.items())]
+    return "No data on " + ", ".join(parts) + "."
+
+
+# ---- the sidecar's own series about the engine ------------------------------------------------
+
+UPSTREAM_ENGINE = MetricSpec(
+    "inferwatch_upstream_engine", MetricType.GAUGE,
+    "Value 1; engine = the engine behind the sidecar (vllm, sglang, ollama, llamacpp, or unknown while "
+    "serve.engine = auto has not recognized it yet), configured = serve.engine, detected_by = how it was "
+    "recognized (config, metrics: the families of /metrics, endpoint: Ollama's root or llama.cpp's /metrics "
+    "refusal, none).",
+    ("upstream", "engine", "configured", "detected_by"),
+)
+OLLAMA_MODELS = MetricSpec(
+    "inferwatch_ollama_models", MetricType.GAUGE,
+    "Models Ollama has pulled (the length of /api/tags' models list, polled every scrape.interval_s).",
+    ("upstream",), "models",
+)
+OLLAMA_MODEL_SIZE = MetricSpec(
+    "inferwatch_ollama_model_size_bytes", MetricType.GAUGE,
+    "Size on disk of each model Ollama has pulled (/api/tags size).", ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_BYTES = MetricSpec(
+    "inferwatch_ollama_loaded_model_bytes", MetricType.GAUGE,
+    "Memory of each model Ollama holds loaded (/api/ps size); absent when it is unloaded.",
+    ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_VRAM_BYTES = MetricSpec(
+    "inferwatch_ollama_loaded_model_vram_bytes", MetricType.GAUGE,
+    "GPU memory of each model Ollama holds loaded (/api/ps size_vram; the rest of size sits in CPU memory).",
+    ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_EXPIRES = MetricSpec(
+    "inferwatch_ollama_loaded_model_expires_timestamp_seconds", MetricType.GAUGE,
+    "Unix time at which Ollama unloads each loaded model unless it is used again (/api/ps expires_at).",
+    ("upstream", "model_name"), "seconds",
+)
+OLLAMA_POLL_UP = MetricSpec(
+    "inferwatch_ollama_poll_up", MetricType.GAUGE,
+    "1 when the last poll of Ollama's /api/tags and /api/ps succeeded, else 0.", ("upstream",),
+)
+REQUEST_ENGINE_LOAD_SECONDS = MetricSpec(
+    "inferwatch_request_engine_load_seconds", MetricType.HISTOGRAM,
+    "Seconds Ollama spent loading the model for a request (its final message's load_duration; a cold start "
+    "when large), by model, prompt length bucket and outcome.",
+    cr.ENGINE_LABELS, "seconds", buckets.REQUEST_LATENCY,
+)
+
+SPECS: tuple[MetricSpec, ...] = (
+    UPSTREAM_ENGINE, OLLAMA_MODELS, OLLAMA_MODEL_SIZE, OLLAMA_LOADED_BYTES, OLLAMA_LOADED_VRAM_BYTES,
+    OLLAMA_LOADED_EXPIRES, OLLAMA_POLL_UP, REQUEST_ENGINE_LOAD_SECONDS,
+)
