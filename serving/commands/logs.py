@@ -21,8 +21,6 @@ from serving.config import add_config_flags, settings_from_args
 
 PROGRESS_EVERY = 100_000
 MAX_REPORTED_LINES = 100
-_RELATIVE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _HEX32 = re.compile(r"[0-9a-fA-F]{32}")
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -49,16 +47,23 @@ def _warn(message: str) -> None:
 
 
 def parse_time(text: str, *, now: float | None = None) -> int:
-    """Epoch milliseconds of an ISO 8601 time, Unix seconds, or an age like ``15m`` before ``now``."""
+    """Epoch milliseconds of an ISO 8601 time, Unix seconds, or an age like ``15m`` before ``now``.
+
+    An age is a Prometheus duration (``15m``, ``2h``, ``1h30m``), read by the one duration parser.
+    """
+    from alert_rules.engine import RuleFileError, parse_duration_ms
+
     text = text.strip()
-    relative = _RELATIVE.fullmatch(text)
-    if relative:
-        now = time.time() if now is None else now
-        return round((now - float(relative.group(1)) * _UNITS[relative.group(2)]) * 1000)
     try:
         return round(float(text) * 1000)
     except ValueError:
         pass
+    try:
+        age_ms = parse_duration_ms(text, "age")
+    except RuleFileError:
+        pass
+    else:
+        return round((time.time() if now is None else now) * 1000) - age_ms
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError as err:
