@@ -11,7 +11,6 @@ from functools import partial
 import aiohttp
 import structlog
 from aiohttp import web
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from opentelemetry.trace import Span
 from prometheus_client import CollectorRegistry
 
@@ -31,6 +30,7 @@ from log_pipeline.shipper import RecordShipper
 from log_pipeline.sink import RecordSink
 from serving.admin import ADMIN_MOUNT, admin_app, admin_guard, load_admin_token
 from serving.admission import Admission
+from serving.background import PeriodicJobs
 from serving.config import Settings
 from serving.cutover import CutoverWatch, request_describer
 from serving.endpoints import Readiness, healthz, json_errors, metrics_handler
@@ -400,13 +400,12 @@ async def _readiness_job(app: web.Application) -> AsyncIterator[None]:
                             metrics.precreate(name, route, tuple(settings.serve.length_bucket_edges), lane, role)
                         app[IN_FLIGHT_REQUESTS].precreate((name, route))
 
-    scheduler = AsyncIOScheduler()
-    scheduler.add_job(probe, "interval", seconds=settings.serve.readiness_interval_s,
-                      id="readiness", max_instances=1, coalesce=True)
-    scheduler.start()
+    jobs = PeriodicJobs()
+    jobs.every(settings.serve.readiness_interval_s, probe, name="readiness")
+    jobs.start()
     await probe()
     yield
-    scheduler.shutdown(wait=False)
+    jobs.stop()
 
 
 async def _model_names(session: aiohttp.ClientSession, settings: Settings) -> list[str] | None:

@@ -28,12 +28,12 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry
 
 from exporters import derive
@@ -54,6 +54,7 @@ from exporters.inflight import InFlightTokens
 from exporters.nvml import GpuSnapshot, NvmlReader, XidWatcher, load_pynvml
 from exporters.process_health import ProcessHealth, ProcessSnapshot
 from exporters.vllm_parse import EMPTY, EngineSnapshot
+from serving.background import PeriodicJobs
 from serving.bounded_read import read_at_most
 from serving.config import Settings
 
@@ -118,7 +119,7 @@ class EngineWatch:
         self._parse_errors = 0
         self._batch = SampledHistogram(ce.ENGINE_BATCH_REQUESTS.buckets or (1,))
         self._previous: tuple[dict[str, float], dict[str, float | None]] | None = None
-        self._scheduler: AsyncIOScheduler | None = None
+        self._jobs: PeriodicJobs | None = None
 
     # ---- registration --------------------------------------------------------------------------
     def register(self, registry: CollectorRegistry) -> None:
@@ -287,21 +288,18 @@ class EngineWatch:
     async def start(self) -> None:
         """Start every job; the first scrape and readings happen before this returns."""
         loop = asyncio.get_running_loop()
-        scheduler = AsyncIOScheduler()
-        jobs = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        jobs = PeriodicJobs()
         if self.settings.scrape.enabled:
-            scheduler.add_job(self._safe_scrape, "interval", seconds=self.settings.scrape.interval_s,
-                              id="engine_scrape", **jobs)
+            jobs.every(self.settings.scrape.interval_s, self._safe_scrape, name="engine_scrape")
         if self.settings.gpu.enabled and await loop.run_in_executor(None, self.open_gpu):
             self.start_xid_thread()
-            scheduler.add_job(self._in_thread, "interval", args=[self.poll_gpu],
-                              seconds=self.settings.gpu.interval_s, id="gpu_poll", **jobs)
+            jobs.every(self.settings.gpu.interval_s, partial(self._in_thread, self.poll_gpu), name="gpu_poll")
         if self.process.enabled:
-            scheduler.add_job(self._in_thread, "interval", args=[self.poll_process],
-                              seconds=self.settings.upstream_process.interval_s, id="process_poll", **jobs)
+            jobs.every(self.settings.upstream_process.interval_s, partial(self._in_thread, self.poll_process),
+                       name="process_poll")
             await self._in_thread(self.poll_process)
-        scheduler.start()
-        self._scheduler = scheduler
+        jobs.start()
+        self._jobs = jobs
         if self.settings.scrape.enabled:
             await self._safe_scrape()
 
@@ -319,9 +317,9 @@ class EngineWatch:
 
     async def stop(self) -> None:
         """Stop the jobs, the XID thread, NVML and the own client session."""
-        if self._scheduler is not None:
-            self._scheduler.shutdown(wait=False)
-            self._scheduler = None
+        if self._jobs is not None:
+            self._jobs.stop()
+            self._jobs = None
         self._xid_stop.set()
         if self._xid_thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._xid_thread.join, 5.0)

@@ -21,7 +21,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,6 +31,7 @@ from alert_rules.promql.values import NAME, STALE_NAN, Labels, labels_of
 from alert_rules.store import SeriesStore
 from exporters.catalog import rules as specs
 from exporters.files import write_atomic
+from serving.background import PeriodicJobs
 
 log = logging.getLogger(__name__)
 
@@ -260,13 +260,13 @@ def rule_engine_ctx(
             async with busy:
                 await loop.run_in_executor(None, runner.step)
 
-        scheduler = AsyncIOScheduler(event_loop=loop)
-        scheduler.add_job(tick, "interval", seconds=interval_s, max_instances=1, coalesce=True)
-        scheduler.start()
+        jobs = PeriodicJobs()
+        jobs.every(interval_s, tick, name="rule_engine")
+        jobs.start()
         try:
             yield
         finally:
-            scheduler.shutdown(wait=False)
+            jobs.stop()
             with contextlib.suppress(Exception):
                 await session.close()
 
