@@ -23,36 +23,39 @@ def _counter(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
 
 
 class _Series:
-    """The children of one (model, route, outcome, length bucket), each made on its first use.
+    """The children of one (model, route, outcome, length bucket, lane, role), each made on its first use.
 
     A family's child is looked up once per label set and then read as a plain attribute (what
     ``cached_property`` leaves in the instance), so a request costs one lookup for all of them, and
     no series appears before a request was observed into it.
     """
 
-    def __init__(self, metrics: RequestMetrics, model: str, route: str, outcome: str, bucket: str) -> None:
+    def __init__(
+        self, metrics: RequestMetrics, model: str, route: str, outcome: str, bucket: str, lane: str, role: str,
+    ) -> None:
         self._metrics, self._model, self._route, self._bucket = metrics, model, route, bucket
         self._outcome = str(outcome)  # the label value (an Outcome member is a StrEnum)
+        self._upstream = (lane, role)  # which upstream served it (serving/upstream_choice.py)
 
     @cached_property
     def requests(self) -> Any:
-        return self._metrics.requests.labels(self._model, self._route, self._outcome, self._bucket)
+        return self._metrics.requests.labels(self._model, self._route, self._outcome, self._bucket, *self._upstream)
 
     @cached_property
     def accept(self) -> Any:
-        return self._metrics.accept.labels(self._model, self._route, self._bucket)
+        return self._metrics.accept.labels(self._model, self._route, self._bucket, *self._upstream)
 
     @cached_property
     def ttft(self) -> Any:
-        return self._metrics.ttft.labels(self._model, self._route, self._bucket)
+        return self._metrics.ttft.labels(self._model, self._route, self._bucket, *self._upstream)
 
     @cached_property
     def itl(self) -> Any:
-        return self._metrics.itl.labels(self._model, self._route, self._bucket)
+        return self._metrics.itl.labels(self._model, self._route, self._bucket, *self._upstream)
 
     @cached_property
     def e2e(self) -> Any:
-        return self._metrics.e2e.labels(self._model, self._route, self._outcome, self._bucket)
+        return self._metrics.e2e.labels(self._model, self._route, self._outcome, self._bucket, *self._upstream)
 
     @cached_property
     def prompt_tokens(self) -> Any:
@@ -98,14 +101,16 @@ class RequestMetrics:
         self.engine_load = _histogram(engines_cat.REQUEST_ENGINE_LOAD_SECONDS, registry)
         self._children: dict[tuple[Any, ...], Any] = {}
         """Children by (family, labels...): bounded by the label caps the proxy enforces."""
-        self._series: dict[tuple[str, str, str, str], _Series] = {}
-        """The request families' children by (model, route, outcome, length bucket), bounded the same way."""
+        self._series: dict[tuple[str, str, str, str, str, str], _Series] = {}
+        """The request families' children by (model, route, outcome, length bucket, lane, role), bounded the same
+        way (lane and role take two values each)."""
 
-    def precreate(self, model: str, route: str, edges: tuple[int, ...]) -> None:
+    def precreate(self, model: str, route: str, edges: tuple[int, ...], lane: str = "default",
+                  role: str = "primary") -> None:
         """Create the zero-valued request counters of a model and route, so rates exist before any error."""
         for bucket in (*length_bucket_labels(edges), "unknown"):
             for outcome in ("ok", "client_error", "upstream_error", "timeout", "cancelled", "overloaded"):
-                self.requests.labels(model, route, outcome, bucket)
+                self.requests.labels(model, route, outcome, bucket, lane, role)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered: a dict lookup per request instead of a locked lookup."""
@@ -119,7 +124,7 @@ class RequestMetrics:
         """Record one finished request."""
         exemplar = {"trace_id": record.trace_id}
         model, route, bucket, outcome = record.model, record.route, record.length_bucket, record.outcome
-        key = (model, route, outcome, bucket)  # a StrEnum member is its value as a key (.value costs 0.25 us)
+        key = (model, route, outcome, bucket, record.lane, record.role)  # a StrEnum member is its value as a key
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = _Series(self, *key)

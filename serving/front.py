@@ -147,6 +147,13 @@ class FrontRequest:
         """The whole request (its body included) has been read."""
         self.answered = False
 
+    @property
+    def client_address(self) -> str:
+        """The client's IP address (its connection's peer), empty when unknown."""
+        transport = self.connection.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
     # -- the request's side (the connection's parser calls these) -------------------------------
 
     def add_body(self, data: bytes, limit: int) -> None:

@@ -12,13 +12,16 @@ INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
 ROUTES = (*INFERENCE_ROUTES, "/v1/models")
 """Every ``route`` value but ``other`` (any other path under ``/v1`` or ``/api``)."""
 
-REQUEST_LABELS = ("model_name", "route", "outcome", "length_bucket")
-LATENCY_LABELS = ("model_name", "route", "length_bucket")
+REQUEST_LABELS = ("model_name", "route", "outcome", "length_bucket", "lane", "role")
+LATENCY_LABELS = ("model_name", "route", "length_bucket", "lane", "role")
+"""``lane`` (``default``/``long``) and ``role`` (``primary``/``canary``): which upstream served the request
+(exporters/catalog/upstreams.py). Each takes its second value only where serve.long_prompt_upstream or
+serve.canary_upstream is set, so without them the series are as many as without the two labels."""
 
 REQUESTS = MetricSpec(
     "inferwatch_requests", MetricType.COUNTER,
     "Requests proxied, by model, route, outcome class (ok, client_error, upstream_error, timeout, "
-    "cancelled, overloaded) and prompt length bucket.",
+    "cancelled, overloaded), prompt length bucket, lane and role.",
     REQUEST_LABELS,
 )
 REQUESTS_IN_FLIGHT = MetricSpec(
@@ -45,7 +48,7 @@ E2E_LATENCY_SECONDS = MetricSpec(
     "inferwatch_e2e_request_latency_seconds", MetricType.HISTOGRAM,
     "Seconds from arrival until the last byte of the response was sent, every outcome included. "
     "Exemplar: trace_id.",
-    ("model_name", "route", "outcome", "length_bucket"), "seconds", buckets.REQUEST_LATENCY,
+    REQUEST_LABELS, "seconds", buckets.REQUEST_LATENCY,
 )
 PROMPT_TOKENS = MetricSpec(
     "inferwatch_prompt_tokens", MetricType.COUNTER,

@@ -29,8 +29,8 @@ def test_same_samples_as_a_histogram_fed_one_value_at_a_time(requests: list[tupl
     batch = BatchHistogram(SPEC, ours)
     reference = Histogram(SPEC.name, SPEC.help, SPEC.labels, registry=theirs, buckets=SPEC.buckets or ())
     for model, values in requests:
-        batch.labels(model, "/v1/completions", "le512").observe_many(values)
-        child = reference.labels(model, "/v1/completions", "le512")
+        batch.labels(model, "/v1/completions", "le512", "default", "primary").observe_many(values)
+        child = reference.labels(model, "/v1/completions", "le512", "default", "primary")
         for value in values:
             child.observe(value)
     assert _samples(ours) == _samples(theirs)
@@ -46,8 +46,8 @@ def test_single_observations_give_the_samples_of_a_histogram(values: list[tuple[
     batch = BatchHistogram(SPEC, ours)
     reference = Histogram(SPEC.name, SPEC.help, SPEC.labels, registry=theirs, buckets=SPEC.buckets or ())
     for model, value in values:
-        batch.labels(model, "/v1/completions", "le512").observe(value)
-        reference.labels(model, "/v1/completions", "le512").observe(value)
+        batch.labels(model, "/v1/completions", "le512", "default", "primary").observe(value)
+        reference.labels(model, "/v1/completions", "le512", "default", "primary").observe(value)
     assert _samples(ours) == _samples(theirs)
 
 
@@ -57,8 +57,8 @@ def test_a_single_observation_carries_its_exemplar_like_the_library() -> None:
     batch = BatchHistogram(SPEC, ours)
     reference = Histogram(SPEC.name, SPEC.help, SPEC.labels, registry=theirs, buckets=SPEC.buckets or ())
     for value, trace in ((0.004, "ab"), (0.3, "cd"), (0.25, "ef"), (1e6, "01")):
-        batch.labels("m", "/v1/completions", "le512").observe(value, {"trace_id": trace * 16})
-        reference.labels("m", "/v1/completions", "le512").observe(value, {"trace_id": trace * 16})
+        batch.labels("m", "/v1/completions", "le512", "default", "primary").observe(value, {"trace_id": trace * 16})
+        reference.labels("m", "/v1/completions", "le512", "default", "primary").observe(value, {"trace_id": trace * 16})
 
     def exemplars(registry: CollectorRegistry) -> list[str]:
         return [line.rsplit(" ", 1)[0] for line in openmetrics(registry).decode().splitlines() if "# {" in line]
@@ -71,8 +71,9 @@ def test_the_exemplar_marks_the_last_gap_of_the_request() -> None:
     """OpenMetrics shows the trace id on the bucket of the request's last observation."""
     registry = CollectorRegistry()
     batch = BatchHistogram(SPEC, registry)
-    batch.labels("m", "/v1/completions", "le512").observe_many([0.001, 0.3], {"trace_id": "ab" * 16})
+    batch.labels("m", "/v1/completions", "le512", "default", "primary").observe_many(
+        [0.001, 0.3], {"trace_id": "ab" * 16})
     text = openmetrics(registry).decode()
     (line,) = [line for line in text.splitlines() if "# {" in line]
-    assert line.startswith('inferwatch_inter_token_latency_seconds_bucket{le="0.3",')
+    assert line.startswith('inferwatch_inter_token_latency_seconds_bucket{lane="default",le="0.3",')
     assert f'trace_id="{"ab" * 16}"' in line

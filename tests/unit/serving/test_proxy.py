@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from exporters.catalog import request
 from serving import config as cfg
 from serving.app import INFLIGHT, build_app
 from tests.fakes.openai_upstream import PROMPT_TOKENS, FakeOpenAI
@@ -37,7 +38,13 @@ async def _setup(
     return client, registry, app
 
 
+UPSTREAM_LABELLED = frozenset(name for spec in request.SPECS if "lane" in spec.labels for name in spec.sample_names())
+"""Samples of the request families, which carry ``lane`` and ``role`` (one upstream here: default, primary)."""
+
+
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    if name in UPSTREAM_LABELLED:
+        labels = {"lane": "default", "role": "primary", **labels}
     return registry.get_sample_value(name, labels) or 0.0
 
 
