@@ -6,6 +6,7 @@ import dataclasses
 
 from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, RuleGroup, Severity
+from exporters.catalog.engines import families_in, missing_note
 
 
 def runbook_url(config: RulesConfig, alert: AlertRule) -> str:
@@ -13,14 +14,30 @@ def runbook_url(config: RulesConfig, alert: AlertRule) -> str:
     return config.runbook_url_pattern.replace("{anchor}", alert.runbook_anchor)
 
 
+ENGINES_ANNOTATION = "engines_without_data"
+"""The annotation naming the engines whose upstream never feeds a series the alert reads (it cannot fire there)."""
+
+
+def engines_without_data(alert: AlertRule) -> str:
+    """One sentence naming the engines on which ``alert`` cannot fire, and why (exporters/catalog/engines.py);
+    ``""`` when every engine feeds what it reads."""
+    note = missing_note(families_in(alert.expr))
+    return f"Cannot fire in front of these engines, which do not feed what it reads: {note}" if note else ""
+
+
 def annotate_alert(config: RulesConfig, alert: AlertRule) -> AlertRule:
-    """Add the ``service`` label and ``runbook_url``, and apply any configured severity override."""
+    """Add the ``service`` label and ``runbook_url``, apply any configured severity override, and name the
+    engines on which the alert cannot fire (``engines_without_data``)."""
     severity = Severity(config.severity_of(alert.name, str(alert.severity)))
+    extra = {"runbook_url": runbook_url(config, alert)}
+    gaps = engines_without_data(alert)
+    if gaps:
+        extra[ENGINES_ANNOTATION] = gaps
     return dataclasses.replace(
         alert,
         severity=severity,
         labels={**alert.labels, "service": config.service},
-        annotations={**alert.annotations, "runbook_url": runbook_url(config, alert)},
+        annotations={**alert.annotations, **extra},
     )
 
 
@@ -35,4 +52,4 @@ def annotate(config: RulesConfig, groups: tuple[RuleGroup, ...]) -> tuple[RuleGr
     )
 
 
-__all__ = ["annotate", "annotate_alert", "runbook_url"]
+__all__ = ["ENGINES_ANNOTATION", "annotate", "annotate_alert", "engines_without_data", "runbook_url"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from alert_rules.annotate import runbook_url
+from alert_rules.annotate import ENGINES_ANNOTATION, runbook_url
 from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, duration
 
@@ -62,6 +62,8 @@ def entry(config: RulesConfig, alert: AlertRule) -> str:
         alert.expr,
         "```",
         "",
+        *((f"**Engines.** {alert.annotations[ENGINES_ANNOTATION]}", "")
+          if ENGINES_ANNOTATION in alert.annotations else ()),
         "**Check first.**",
         "",
         *(f"- {c}" for c in book.checks),

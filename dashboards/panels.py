@@ -23,6 +23,7 @@ import attr
 from grafanalib import core
 
 from dashboards.queries import Query
+from exporters.catalog.engines import families_in, missing_note
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 COLUMNS = 24
@@ -153,9 +154,16 @@ class Row:
     title: str
 
 
+def described(spec: Spec) -> str:
+    """The panel's description, and the engines on which it stays empty (exporters/catalog/engines.py): a panel
+    is never silently empty."""
+    note = missing_note(set().union(*(families_in(q.expr) for q in spec.queries)))
+    return f"{spec.description} {note}" if note else spec.description
+
+
 def _panel(spec: Spec, grid_pos: core.GridPos) -> core.Panel:
     common: dict[str, Any] = {
-        "title": spec.title, "description": spec.description, "dataSource": DATASOURCE,
+        "title": spec.title, "description": described(spec), "dataSource": DATASOURCE,
         "targets": targets(spec.queries), "gridPos": grid_pos, "editable": False,
     }
     thresholds = steps(*spec.thresholds) if spec.thresholds else steps(("green", None))

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from exporters.catalog.engines import SIGNALS, Engine
 from exporters.inflight import InFlight
 from exporters.vllm_parse import CacheInfo, EngineSeries, EngineSnapshot, Histogram
 
@@ -239,8 +240,18 @@ def normalized(snapshot: EngineSnapshot) -> dict[str, object]:
         **out,
         "parse_errors": snapshot.parse_errors,
         "unknown_families": list(snapshot.unknown_families),
+        "missing": missing_signals(snapshot.generation),
         "by_model": [_view_dict(v) for v in model_views(snapshot)],
     }
+
+
+def missing_signals(generation: str | None) -> dict[str, str]:
+    """The signals the engine of ``generation`` (``sglang``, ``llamacpp``) does not export, each with why: the
+    view says they are unknown rather than showing a number nobody measured. Empty for vLLM's generations."""
+    engine = next((e for e in Engine if e.value == generation), None)
+    if engine is None:
+        return {}
+    return {signal.name: signal.missing()[engine] for signal in SIGNALS if engine in signal.missing()}
 
 
 def _view_dict(view: ModelView) -> dict[str, object]:

@@ -10,6 +10,7 @@ alert that cannot fire is never silent about it.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ class Signal:
 
 M, D, X = Kind.MEASURED, Kind.DERIVED, Kind.MISSING
 NO_METRICS = "Ollama has no /metrics"
+KV_USAGE_SIGNAL = "KV-cache usage"
 
 SIGNALS: tuple[Signal, ...] = (
     Signal("requests running / waiting", (ce.ENGINE_REQUESTS.name, ce.ENGINE_BATCH_REQUESTS.name), {
@@ -65,11 +67,11 @@ SIGNALS: tuple[Signal, ...] = (
         Engine.LLAMACPP: (M, "llamacpp:requests_processing (busy slots), llamacpp:requests_deferred"),
         Engine.OLLAMA: (X, NO_METRICS + "; the sidecar's own in-flight count stands in"),
     }),
-    Signal("KV-cache usage", (ce.KV_USAGE.name,), {
+    Signal(KV_USAGE_SIGNAL, (ce.KV_USAGE.name,), {
         Engine.VLLM: (M, "vllm:kv_cache_usage_perc"),
         Engine.SGLANG: (M, "sglang:token_usage (its token pool)"),
-        Engine.LLAMACPP: (X, "llama-server exports no KV-cache gauge: KV usage unknown"),
-        Engine.OLLAMA: (X, NO_METRICS + ": KV usage unknown"),
+        Engine.LLAMACPP: (X, "llama-server exports no KV-cache gauge"),
+        Engine.OLLAMA: (X, NO_METRICS),
     }),
     Signal("KV blocks, block size, capacity, in-flight blocks, fragmentation", (
         ce.KV_BLOCKS_TOTAL.name, ce.KV_BLOCKS_USED.name, ce.KV_BLOCK_SIZE.name, ce.KV_CAPACITY_TOKENS.name,
@@ -138,6 +140,20 @@ SIGNALS: tuple[Signal, ...] = (
         Engine.OLLAMA: (X, "the final message has no queue time"),
     }),
 )
+
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_SAMPLE_SUFFIXES = ("_bucket", "_sum", "_count", "_total")
+
+
+def families_in(expr: str) -> set[str]:
+    """The family names a PromQL expression may read: each identifier, and each with a sample suffix taken off
+    (``_bucket``, ``_sum``, ``_count``, ``_total``), so that it matches the catalog's family names."""
+    names = set()
+    for word in _NAME.findall(expr):
+        names.add(word)
+        names.update(word.removesuffix(suffix) for suffix in _SAMPLE_SUFFIXES if word.endswith(suffix))
+    return names
 
 
 def missing_on(names: Iterable[str]) -> dict[Engine, str]:

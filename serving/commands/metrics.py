@@ -16,6 +16,7 @@ _FIELDS = (
     ("decode_seconds", "decode seconds"), ("prefill_share", "prefill share"),
     ("waiting_by_reason", "waiting reasons"), ("admission_rejections", "vLLM rejections"),
     ("kv_offload", "KV offload"), ("parse_errors", "parse errors"), ("unknown_families", "unknown families"),
+    ("missing", "unknown here"),
 )
 
 
@@ -25,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = parser.add_subparsers(dest="metrics_command", metavar="SUBCOMMAND", required=True)
     derive = sub.add_parser(
         "derive", help="Print the normalized view (generation, requests, waiting by reason, admission "
-        "rejections, KV blocks, KV offload, prefix hits, prefill/decode time) of one saved vLLM /metrics "
-        "text ('-' reads stdin).",
+        "rejections, KV blocks, KV offload, prefix hits, prefill/decode time, what the engine does not export) "
+        "of one saved vLLM, SGLang or llama.cpp /metrics text ('-' reads stdin).",
     )
     derive.add_argument("file", metavar="FILE")
     derive.add_argument("--json", action="store_true", help="One JSON object; null where the text does not say.")
@@ -57,17 +58,26 @@ def _show(value: object) -> str:
 
 
 def _derive(args: argparse.Namespace) -> int:
+    from exporters.catalog.engines import KV_USAGE_SIGNAL
     from exporters.derive import normalized
-    from exporters.vllm_parse import parse_exposition
+    from exporters.engine_parse import parse_engine_exposition
 
     text = _read(args.file)
     if text is None:
         return 2  # bad usage: the file given cannot be read
-    view = normalized(parse_exposition(text))
+    view = normalized(parse_engine_exposition(text))  # vLLM's, SGLang's or llama.cpp's, by its families
     if args.json:
         print(json.dumps(view, sort_keys=False))
     else:
         width = max(len(label) for _, label in _FIELDS)
+        missing = view["missing"]
+        assert isinstance(missing, dict)
         for key, label in _FIELDS:
-            print(f"{label:<{width}}  {_show(view[key])}")
+            if key == "missing":
+                shown = "; ".join(f"{signal} ({why})" for signal, why in missing.items()) or "-"
+            elif key == "kv_usage" and view[key] is None and KV_USAGE_SIGNAL in missing:
+                shown = "unknown (" + missing[KV_USAGE_SIGNAL] + ")"  # never a number nobody measured
+            else:
+                shown = _show(view[key])
+            print(f"{label:<{width}}  {shown}")
     return 0 if view["generation"] is not None else 1
