@@ -1,31 +1,15 @@
 """Runbooks: what an alert means, what to check first, how to intervene; rendered as docs/runbooks.md.
 
-Each alert carries its own entry (``AlertRule.runbook``, written next to the rule); this module
-holds the entry type, the advice several alerts share, and the Markdown rendering.
+Each alert carries its own entry (``AlertRule.runbook``, written next to the rule; the entry type,
+:class:`~alert_rules.spec.Runbook`, is part of the rule's value); this module holds the advice several
+alerts share, and the Markdown rendering.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from alert_rules.annotate import ENGINES_ANNOTATION, runbook_url
 from alert_rules.config import RulesConfig
-from alert_rules.spec import AlertRule, duration
-
-
-@dataclass(frozen=True, slots=True)
-class Runbook:
-    """The text of one runbook entry, given with its alert (``AlertRule.runbook``); none may be empty."""
-
-    meaning: str
-    checks: tuple[str, ...]
-    interventions: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if not (self.meaning and self.checks and self.interventions and all(self.checks)
-                and all(self.interventions)):
-            raise ValueError(f"a runbook needs a meaning, checks and interventions, got {self!r}")
-
+from alert_rules.spec import AlertRule, Runbook, duration
 
 KV_FIXES = (
     "Lower `--max-num-seqs` (fewer sequences share the KV cache) or `--max-num-batched-tokens`.",

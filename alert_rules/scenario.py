@@ -3,75 +3,21 @@
 Every alert carries a scenario builder (``AlertRule.scenario``): from the same config values as
 the rule, it returns inputs that make the expression true from ``active_at_s`` on, and inputs that
 keep it false, so a changed threshold moves the test inputs with it. ``testgen`` turns a scenario
-into a promtool file. Input samples and evaluations share one step per alert.
+into a promtool file. Input samples and evaluations share one step per alert. The values (Series,
+Case, Scenario, ScenarioBuilder) are part of the rule's value and live in :mod:`alert_rules.spec`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from alert_rules.spec import number, selector
+from alert_rules.spec import Case, Scenario, ScenarioBuilder, Series, number, selector
 from exporters.catalog.request import REQUESTS
-
-if TYPE_CHECKING:
-    from alert_rules.config import RulesConfig
-    from alert_rules.spec import AlertRule
 
 MODEL = "test-model"
 """The model_name of every scenario's series."""
 UPSTREAM = "http://127.0.0.1:8000"
 """The upstream label of every scenario's scrape series."""
-
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One promtool input series: a selector and its expanding-notation values."""
-
-    series: str
-    values: str
-
-    def to_dict(self) -> dict[str, str]:
-        """The series as promtool reads it."""
-        return {"series": self.series, "values": self.values}
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    """A further promtool test of an alert: its inputs, and the labels it fires with (None: it stays quiet).
-
-    For alerts with several conditions, one case per condition made false shows each one matters.
-    """
-
-    name: str
-    inputs: tuple[Series, ...]
-    fires_with: dict[str, str] | None = None
-    active_at_s: int | None = None
-    """When the case's expression would turn true (None: the scenario's ``active_at_s``); checked at that plus
-    the alert's ``for``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    """Inputs that make an alert's expression true from ``active_at_s``, and inputs that keep it false.
-
-    ``false_from_s``: the first evaluation at which the firing inputs make the expression false
-    again (needed to test ``keep_firing_for``). ``cases``: further tests, checked at the firing time.
-    """
-
-    step_s: int
-    firing: tuple[Series, ...]
-    quiet: tuple[Series, ...]
-    active_at_s: int
-    labels: dict[str, str] = field(default_factory=dict)
-    false_from_s: int | None = None
-    cases: tuple[Case, ...] = ()
-
-
-ScenarioBuilder = Callable[["RulesConfig", "AlertRule", tuple[int, ...]], Scenario]
-"""``(config, alert, length bucket edges) -> scenario``; called only when the tests are written."""
 
 
 def counter_values(per_step: float, steps: int, start: float = 0) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from alert_rules.runbooks import Runbook
-    from alert_rules.scenario import ScenarioBuilder
+    from alert_rules.config import RulesConfig
 
 _ALERT_NAME = re.compile(r"^Inferwatch[A-Z][A-Za-z0-9]*$")
 _RECORD_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -64,6 +64,68 @@ class RecordingRule:
         if self.labels:
             out["labels"] = dict(sorted(self.labels.items()))
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Runbook:
+    """The text of one runbook entry, given with its alert (``AlertRule.runbook``); none may be empty."""
+
+    meaning: str
+    checks: tuple[str, ...]
+    interventions: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not (self.meaning and self.checks and self.interventions and all(self.checks)
+                and all(self.interventions)):
+            raise ValueError(f"a runbook needs a meaning, checks and interventions, got {self!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One promtool input series: a selector and its expanding-notation values."""
+
+    series: str
+    values: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The series as promtool reads it."""
+        return {"series": self.series, "values": self.values}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """A further promtool test of an alert: its inputs, and the labels it fires with (None: it stays quiet).
+
+    For alerts with several conditions, one case per condition made false shows each one matters.
+    """
+
+    name: str
+    inputs: tuple[Series, ...]
+    fires_with: dict[str, str] | None = None
+    active_at_s: int | None = None
+    """When the case's expression would turn true (None: the scenario's ``active_at_s``); checked at that plus
+    the alert's ``for``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """Inputs that make an alert's expression true from ``active_at_s``, and inputs that keep it false.
+
+    ``false_from_s``: the first evaluation at which the firing inputs make the expression false
+    again (needed to test ``keep_firing_for``). ``cases``: further tests, checked at the firing time.
+    """
+
+    step_s: int
+    firing: tuple[Series, ...]
+    quiet: tuple[Series, ...]
+    active_at_s: int
+    labels: dict[str, str] = field(default_factory=dict)
+    false_from_s: int | None = None
+    cases: tuple[Case, ...] = ()
+
+
+ScenarioBuilder = Callable[["RulesConfig", "AlertRule", tuple[int, ...]], Scenario]
+"""``(config, alert, length bucket edges) -> scenario``; called only when the tests are written."""
 
 
 @dataclass(frozen=True, slots=True)
