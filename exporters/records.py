@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from exporters.engine_stats_wire import EngineRequestStats
 
-DEFAULT_LENGTH_EDGES: tuple[int, ...] = (512, 2048, 8192, 32768)
+DEFAULT_LENGTH_EDGES: tuple[int, ...] = (512, 4096, 16384, 32768)
+"""Five classes, as many as before: each of the launch guide's lengths (512, 8k, 32k) in a class of its own
+(``le512``, ``4k-16k``, ``16k-32k``), 4,096 (the long-prompt lane's threshold) as an edge, and ``gt32k``.
+Each edge is the inclusive upper end of its class: 512 tokens is ``le512``, 513 is ``512-4k``."""
+CONTEXT_32K_TOKENS = 32000
+"""A "32k request" of the launch guide: its class is watched on its own (InferwatchContext32kFailures)."""
 
 
 class Outcome(enum.StrEnum):
@@ -58,8 +63,9 @@ def length_bucket(prompt_tokens: int | None, edges: tuple[int, ...] = DEFAULT_LE
     return length_bucket_labels(edges)[bisect.bisect_left(edges, prompt_tokens)]
 
 
-def long_length_buckets(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES, above: int = 8192) -> tuple[str, ...]:
-    """Labels of the buckets whose prompts are all longer than ``above`` tokens."""
+def long_length_buckets(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES, above: int = 4096) -> tuple[str, ...]:
+    """Labels of the buckets whose prompts are all longer than ``above`` tokens (exactly the prompts of more
+    than ``above`` tokens when ``above`` is an edge)."""
     labels = length_bucket_labels(edges)
     return tuple(label for label, lower in zip(labels, (0, *edges), strict=True) if lower >= above)
 

@@ -44,7 +44,7 @@ from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
 from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
-from serving.shadow import ShadowCopies
+from serving.shadow import ShadowCopies, add_shadow_routes
 from serving.showback.schedule import showback_schedule_ctx
 from serving.showback.sidecar import USAGE_PATH, usage_handler
 from serving.signing import SignatureVerifier, load_key
@@ -246,6 +246,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         cold_starts=cold_starts,
         max_num_seqs=settings.rules.max_num_seqs, scrape_interval_s=settings.rules.evaluation_interval_s,
     ))
+    add_shadow_routes(admin, ring)  # the shadowed requests for `inferwatch shadow report --sidecar`
     admin.router.add_get(USAGE_PATH, usage_handler(usage.ledger, settings.cost.currency))
     app.add_subapp(ADMIN_MOUNT, admin)
     if settings.serve.workers > 1:  # the primary of `serve --workers N`: the others' records come in here

@@ -10,7 +10,8 @@ from typing import NoReturn
 
 from exporters.errors import ConfigError, InferwatchError
 
-COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill", "explain")
+COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill", "explain",
+                   "showback", "tokenizer")
 
 EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad usage or configuration.
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""

@@ -29,6 +29,7 @@ from exporters.configuring import (
 )
 from exporters.cost import CostConfig
 from exporters.errors import ConfigError
+from exporters.records import DEFAULT_LENGTH_EDGES
 from log_pipeline.config import LogConfig
 
 
@@ -146,7 +147,9 @@ class ServeConfig:
         "16 bytes (surrounding whitespace stripped); empty = admin endpoints answer loopback clients only.",
     )
     length_bucket_edges: list[int] = setting(
-        [512, 2048, 8192, 32768], "Prompt-token edges of the length buckets.", check=increasing
+        list(DEFAULT_LENGTH_EDGES), "Prompt-token edges of the length buckets (the label length_bucket); each edge "
+        "is the inclusive upper end of its bucket (512 tokens is le512, 513 is 512-4k). Every bucket multiplies the "
+        "request series: see the README's length classes.", check=increasing,
     )
     live_token_counts: bool = setting(
         True, "Track each in-flight request's tokens for the KV fragmentation estimate, at no cost to vLLM: the "
@@ -242,8 +245,8 @@ class ServeConfig:
     )
     long_prompt_fallback: str = setting(
         "main", "What a long prompt gets while the long lane is down (its last readiness probe failed, or it "
-        "refused the connection): main = the main upstream serves it (counted in "
-        "inferwatch_long_lane_fallbacks_total), refuse = a 503 with Retry-After.", check=one_of("main", "refuse"),
+        "refused the connection): main = the main upstream serves it, refuse = a 503 with Retry-After; either "
+        "is counted by reason.", check=one_of("main", "refuse"),
     )
     pass_priority: bool = setting(
         False, "Send the priority header's value to vLLM's `priority` field, negated (the header: higher = more "

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from exporters.catalog import request as cat
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, decode
+from exporters.gpu_seconds import BatchTimeline
 from exporters.records import Outcome, RequestRecord
 from serving.proxy import GENERATION_ROUTES
 
@@ -122,6 +123,8 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
         self.latest_step: EngineStepStats | None = None
         self.steps = EngineSteps()
         """The recent steps, for the context of explanations."""
+        self.timeline = BatchTimeline()
+        """The running count over time: each request's share of its batch, and the engine's busy time."""
         self._unclaimed: OrderedDict[str, EngineRequestStats] = OrderedDict()
         self._waiting: dict[str, tuple[RequestRecord, Callable[[], None], asyncio.TimerHandle]] = {}
 
@@ -160,6 +163,7 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
             self.metrics.records["step"].inc()
             self.latest_step = step
             self.steps.add(step)
+            self.timeline.add(time.time(), step.running)
         for stats in requests:
             self.metrics.records["request"].inc()
             trace_id = stats.trace_id

@@ -9,7 +9,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -30,7 +30,6 @@ from serving.errors import error_body, sse_error_event, upstream_error_body
 from serving.exchange import Exchange
 from serving.ndjson import CONTENT_TYPE as NDJSON_CONTENT_TYPE
 from serving.ndjson import NdjsonReader, error_line
-from serving.shadow import ShadowCopies
 from serving.sse import SseReader
 from serving.stream_relay import StreamRelay
 from serving.tenancy import Tenancy
@@ -45,6 +44,9 @@ from serving.upstream_http import (
     UpstreamConnection,
     UpstreamPool,
 )
+
+if TYPE_CHECKING:
+    from serving.shadow import ShadowCopies  # it imports the endpoints, which import this
 
 log = structlog.get_logger(__name__)
 
