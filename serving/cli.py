@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
 
 from exporters.errors import ConfigError, InferwatchError
+from serving.config import CONFIG_FLAG_DEST
 
 COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill", "explain",
                    "showback", "tokenizer")
@@ -17,16 +18,66 @@ EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad 
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's parser, but a usage error is the error and a pointer to ``--help``, not the whole usage.
+_MORE_KEYS = argparse.Action(["--SECTION-KEY"], "more_keys", metavar="VALUE")
+"""Stands in the usage line for the configuration keys' flags."""
+_MORE_OPTIONS = argparse.Action(["OPTION ..."], "more_options", nargs=0)
+"""Stands in the usage line for the flags a command leaves to ``--help``."""
 
-    ``serve`` has a flag for every configuration key: its usage alone is some 150 lines, which
-    buried the one line that said what was wrong. Subcommand parsers are made of this class too.
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a short usage line, and a usage error that is the error and a pointer to ``--help``.
+
+    ``serve`` has a flag for every configuration key (about 190 of them): the usage line leaves them out,
+    ``[--SECTION-KEY VALUE]`` standing for them, and ``--help`` lists them in one group per section. A command
+    with many flags of its own names the few people start with (``usage_flags=``, given to ``add_parser``);
+    ``[OPTION ...]`` stands for the rest, which ``--help`` lists in its groups. Every flag is accepted either
+    way. Subcommand parsers are made of this class too.
     """
+
+    def __init__(self, *args: Any, usage_flags: Iterable[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.usage_flags = None if usage_flags is None else frozenset(usage_flags)
 
     def error(self, message: str) -> NoReturn:
         """Print the problem and where the options are described; exit 2 (bad usage)."""
         self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for the options.\n")
+
+    def _usage_actions(self) -> list[argparse.Action]:
+        """The arguments the usage line shows: positionals, -h, and the flags people start with."""
+        shown, keys_left, options_left = [], False, False
+        for action in self._actions:
+            if (not action.option_strings or isinstance(action, argparse._HelpAction)
+                    or action.help == argparse.SUPPRESS):
+                shown.append(action)
+            elif action.dest.startswith(CONFIG_FLAG_DEST):
+                keys_left = True
+            elif self.usage_flags is None or not self.usage_flags.isdisjoint(action.option_strings):
+                shown.append(action)
+            else:
+                options_left = True
+        optionals = [a for a in shown if a.option_strings]
+        positionals = [a for a in shown if not a.option_strings]
+        return [*optionals, *([_MORE_OPTIONS] if options_left else []), *([_MORE_KEYS] if keys_left else []),
+                *positionals]
+
+    def format_usage(self) -> str:
+        """The short usage line."""
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._usage_actions(), self._mutually_exclusive_groups)
+        return formatter.format_help()
+
+    def format_help(self) -> str:
+        """argparse's help with the short usage line."""
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._usage_actions(), self._mutually_exclusive_groups)
+        formatter.add_text(self.description)
+        for group in self._action_groups:
+            formatter.start_section(group.title)
+            formatter.add_text(group.description)
+            formatter.add_arguments(group._group_actions)
+            formatter.end_section()
+        formatter.add_text(self.epilog)
+        return formatter.format_help()
 
 
 def build_parser() -> Parser:
