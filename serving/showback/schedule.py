@@ -9,6 +9,7 @@ next one runs as scheduled.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -25,20 +26,27 @@ from serving.showback.report import build_report, write_report
 
 log = structlog.get_logger(__name__)
 _FIELDS = ("second", "minute", "hour", "day", "month", "day_of_week")
+_CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_WEEKDAY_NUMBER = re.compile(r"(?<![/\d])[0-7](?!\d)")
+"""A weekday number, not a step (``*/2``)."""
 
 
 def cron_trigger(expression: str) -> CronTrigger:
     """A crontab expression (minute hour day month weekday), or six fields with seconds first, in UTC.
 
+    Weekday numbers are cron's (0 or 7 Sunday, 1 Monday): apscheduler 3 reads numbers from Monday = 0,
+    so ``from_crontab("0 9 * * 1")`` would fire on Tuesdays; they are turned into names first.
+
     Raises:
         ValueError: not 5 or 6 fields, or a field apscheduler refuses.
     """
     parts = expression.split()
+    if len(parts) not in (5, 6):
+        raise ValueError(f"{len(parts)} fields")
     if len(parts) == 5:
-        return CronTrigger.from_crontab(expression, timezone=UTC)
-    if len(parts) == 6:
-        return CronTrigger(**dict(zip(_FIELDS, parts, strict=True)), timezone=UTC)
-    raise ValueError(f"{len(parts)} fields")
+        parts.insert(0, "0")
+    parts[5] = _WEEKDAY_NUMBER.sub(lambda match: _CRON_WEEKDAYS[int(match.group(0))], parts[5])
+    return CronTrigger(**dict(zip(_FIELDS, parts, strict=True)), timezone=UTC)
 
 
 def write_scheduled_report(ledger: UsageLedger, directory: Path, period_s: float, currency: str,
