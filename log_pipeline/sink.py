@@ -34,10 +34,11 @@ from log_pipeline.metrics import (
     PipelineMetrics,
 )
 from log_pipeline.records import event_from_record, is_slow, level_of, milliseconds
-from log_pipeline.sampling import Decision, Sampler, classify_fields
+from log_pipeline.sampling import SAMPLED, Decision, Sampler, classify_fields
 from log_pipeline.worker import stop_worker
 
 log = structlog.get_logger(__name__)
+_SHADOW_SAMPLE = Decision(True, SAMPLED)
 _STOP: Any = object()
 _DRAIN = 512  # records taken from the queue per wake-up before the writer checks its clocks
 
@@ -96,7 +97,10 @@ class RecordSink:
             outcome, level_of(outcome), is_slow(record, sla_s),  # a StrEnum member compares as its value
             milliseconds(record.e2e_s) if slow_after_ms > 0 else None, slow_after_ms=slow_after_ms,
         )
-        return self.sampler.decide(record.trace_id, is_error=is_error, slow=slow)
+        decision = self.sampler.decide(record.trace_id, is_error=is_error, slow=slow)
+        if not decision.keep and record.shadow_result is not None:
+            return _SHADOW_SAMPLE  # a shadow comparison is a sample already (serve.shadow_ratio): kept for its report
+        return decision
 
     def offer_request(
         self, record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False

@@ -185,8 +185,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     observers.append(observe_usage)
 
     proxy = _proxy(app, settings, observers, degraded_models, on_normalized=metrics.normalized.inc,
-                   finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None,
-                   on_upstream_probed=lambda url, ok: metrics.upstream_ready.labels(url).set(1.0 if ok else 0.0))
+                   finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
     if proxy.choice.shadow is not None:
         shadow = proxy.choice.shadow
         upstream_metrics.shadow_in_flight.set_function(lambda: shadow.in_flight)
@@ -207,6 +206,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app[PROXY] = proxy
 
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_upstream_readiness(
+        app, proxy, lambda url, ok: metrics.upstream_ready.labels(url).set(1.0 if ok else 0.0)))
     app.cleanup_ctx.append(_record_sink)
     if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
         app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))
@@ -296,6 +297,7 @@ def build_secondary_app(settings: Settings, primary_socket: str, worker: int, pa
             running.cancel()
 
     app.cleanup_ctx.append(_client_session)
+    app.cleanup_ctx.append(_upstream_readiness(app, proxy))
     app.cleanup_ctx.append(forwarder_ctx(forwarder))
     app.cleanup_ctx.append(background)
     app.on_cleanup.append(_shutdown_tracing)
@@ -323,7 +325,6 @@ def front_for(app: web.Application) -> Front:
 def _proxy(
     app: web.Application, settings: Settings, observers: list[Observer], degraded_models: Callable[[], frozenset[str]],
     *, on_normalized: Callable[[], None] | None, finish_with_engine_stats: FinishHook | None,
-    on_upstream_probed: Callable[[str, bool], None] = lambda _url, _ok: None,
 ) -> Proxy:
     """The proxy with its admission checks; with ``serve --workers N`` each process admits its share."""
     serve = settings.serve
@@ -347,10 +348,17 @@ def _proxy(
         proxy.upstream_pool.close()
 
     app.on_cleanup.append(close_upstream_connections)
-    # long lane, canary and shadow: their readiness decides fallbacks and drops (serving/upstream_choice.py)
-    app.cleanup_ctx.append(upstream_readiness_ctx(
-        proxy.choice, session, serve.readiness_path, serve.readiness_interval_s, on_upstream_probed))
     return proxy
+
+
+def _upstream_readiness(
+    app: web.Application, proxy: Proxy, on_result: Callable[[str, bool], None] = lambda _url, _ok: None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Probes of the long lane, the canary and the shadow (after the client session exists): their readiness
+    decides fallbacks and drops (serving/upstream_choice.py)."""
+    serve = app[SETTINGS].serve
+    return upstream_readiness_ctx(proxy.choice, lambda: app[SESSION], serve.readiness_path,
+                                  serve.readiness_interval_s, on_result)
 
 
 async def _client_session(app: web.Application) -> AsyncIterator[None]:

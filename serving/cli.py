@@ -12,7 +12,7 @@ from exporters.errors import ConfigError, InferwatchError
 from serving.config import CONFIG_FLAG_DEST
 
 COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill", "explain",
-                   "showback", "tokenizer")
+                   "showback", "tokenizer", "shadow")
 
 EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad usage or configuration.
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""
@@ -51,7 +51,8 @@ class Parser(argparse.ArgumentParser):
                 shown.append(action)
             elif action.dest.startswith(CONFIG_FLAG_DEST):
                 keys_left = True
-            elif self.usage_flags is None or not self.usage_flags.isdisjoint(action.option_strings):
+            elif (action.required or self.usage_flags is None
+                    or not self.usage_flags.isdisjoint(action.option_strings)):
                 shown.append(action)
             else:
                 options_left = True

@@ -31,9 +31,14 @@ from typing import Any
 import aiohttp
 import orjson
 import structlog
+from aiohttp import web
 from rapidfuzz.distance import Levenshtein
 
+from alert_rules.engine import RuleFileError, parse_duration_ms
 from exporters.records import RequestRecord, outcome_of_status
+from log_pipeline.records import event_from_record
+from serving.endpoints import error_response
+from serving.explain import RequestRing
 
 log = structlog.get_logger(__name__)
 
@@ -231,3 +236,21 @@ def compare(record: RequestRecord, answer: ShadowAnswer, primary_text: str | Non
     record.shadow_distance = distance = output_distance(primary_text, answer.text)
     same = primary_text == answer.text if greedy else distance == 0.0
     record.shadow_result = "match" if same else "mismatch"
+
+
+def add_shadow_routes(admin: web.Application, ring: RequestRing) -> None:
+    """``GET /admin/shadow?since=D`` on the admin sub-application: the shadowed requests among the sidecar's
+    recent ones (serve.explain_ring_size), as log events, for ``inferwatch shadow report --sidecar``."""
+
+    async def shadowed(request: web.Request) -> web.Response:
+        try:
+            since_ms = parse_duration_ms(request.query.get("since", "1h"), "since")
+        except RuleFileError as err:
+            return error_response(request, 400, str(err))
+        since_unix = time.time() - since_ms / 1000.0
+        events = [event_from_record(record, sla_s=None) for record in ring
+                  if record.shadow_result is not None and record.start_unix >= since_unix]
+        return web.json_response({"ring_size": len(ring), "since_s": since_ms / 1000.0, "requests": events},
+                                 headers={"Cache-Control": "no-store"})
+
+    admin.router.add_get("/shadow", shadowed)

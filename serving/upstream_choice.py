@@ -26,11 +26,10 @@ With none of these set, :attr:`UpstreamChoice.active` is false and the proxy doe
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import structlog
@@ -39,10 +38,13 @@ from aiohttp import web
 from exporters.inflight import PromptSizeEstimator
 from exporters.records import Outcome, RequestRecord
 from serving.admission import Refusal, request_priority
+from serving.background import PeriodicJobs
 from serving.config import ServeConfig
 from serving.exchange import Exchange
-from serving.shadow import ShadowCopies
 from serving.upstream_http import UpstreamPool
+
+if TYPE_CHECKING:
+    from serving.shadow import ShadowCopies
 
 log = structlog.get_logger(__name__)
 
@@ -186,7 +188,7 @@ def readiness_ctx(
     """A ``cleanup_ctx`` probing the extra upstreams (long lane, canary, shadow) every ``interval_s``."""
 
     async def probe_all() -> None:
-        for url in choice.extra_upstreams:
+        for url in choice.extra_upstreams:  # a probe never raises: a failure is a not-ready upstream
             ok = await _probe(session(), url, path)
             if choice.ready.get(url) != ok:
                 log.info("upstream_readiness_changed", upstream=url, ready=ok)
@@ -195,21 +197,16 @@ def readiness_ctx(
                 choice.shadow.ready = ok
             on_result(url, ok)
 
-    async def loop() -> None:
-        while True:
-            try:
-                await probe_all()
-            except Exception:  # a probe must never end the loop
-                log.exception("upstream_probe_failed")
-            await asyncio.sleep(interval_s)
-
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
         if not choice.extra_upstreams:
             yield
             return
-        task = asyncio.create_task(loop())
+        jobs = PeriodicJobs()
+        jobs.every(interval_s, probe_all, name="extra upstream readiness")
+        await probe_all()
+        jobs.start()
         yield
-        task.cancel()
+        jobs.stop()
         for upstream in (choice.long, choice.canary):
             if upstream is not None:
                 upstream.pool.close()
