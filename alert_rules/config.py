@@ -36,6 +36,13 @@ def _latency_bound(value: Any) -> str | None:
     return f"must equal a bucket bound of the end-to-end latency histogram; the bounds are {bounds}"
 
 
+def _positive_thresholds(value: Any) -> str | None:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(v <= 0 for v in values):
+        return "must be a positive number of tokens or a non-empty list of them"
+    return None
+
+
 def _positive_table(value: Any) -> str | None:
     bad = [k for k, v in value.items() if not v > 0]
     return f"every value must be greater than 0 (not {bad[0]!r})" if bad else None
@@ -146,12 +153,18 @@ class RulesConfig:
         3600.0, "Window of the memory growth trend.", check=_whole_positive_seconds
     )
     leak_for_s: float = setting(900.0, "Seconds the growth trend must persist.", check=_whole_seconds)
-    long_context_tokens: int = setting(
-        8192, "Prompts in length buckets starting at or above this many tokens count as long.",
-        check=positive,
+    long_context_tokens: list[int] | int = setting(
+        [4096], "Thresholds of long prompts, one number or a list: for each, the length buckets starting at or "
+        "above it have their own failure ratio (InferwatchLongContextFailures); at an edge of "
+        "serve.length_bucket_edges that is exactly the prompts of more than that many tokens.",
+        check=_positive_thresholds,
     )
     long_context_error_ratio: float = setting(
         0.05, "Alert when the failure ratio of long prompts exceeds this.", check=_open_ratio
+    )
+    context_32k_error_ratio: float = setting(
+        0.1, "Alert when the failure ratio of the length class holding 32,000-token prompts exceeds this "
+        "(InferwatchContext32kFailures; its window and for: are long_context's).", check=_open_ratio
     )
     long_context_window_s: float = setting(
         600.0, "Rate window of the long-prompt failure ratio.", check=_whole_positive_seconds
@@ -276,6 +289,12 @@ class RulesConfig:
                                                    check=_whole_positive_seconds)
     alertmanager_repeat_interval_s: float = setting(14400.0, "Alertmanager repeat_interval.",
                                                     check=_whole_positive_seconds)
+
+    @property
+    def long_context_thresholds(self) -> tuple[int, ...]:
+        """``long_context_tokens`` as a sorted tuple, whether one number or a list was given."""
+        value = self.long_context_tokens
+        return tuple(sorted(set(value if isinstance(value, list) else [value])))
 
     def sla_for(self, model: str) -> float:
         """The end-to-end latency SLA of a model, in seconds."""

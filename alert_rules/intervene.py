@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from alert_rules.canary import canary_breaker
 from alert_rules.config import RulesConfig
 from alert_rules.context import MODEL as MODEL_SCOPE
 from alert_rules.context import MODEL_REPLICA, REPLICA, context
@@ -55,7 +56,7 @@ from exporters.catalog.pipeline import LOG_RECORDS_DROPPED, LOG_RECORDS_LOST
 from exporters.catalog.process import PROCESS_OOM_EVENTS, PROCESS_RESIDENT_MEMORY
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS, UPSTREAM_READY
 from exporters.errors import ConfigError
-from exporters.records import length_bucket_labels, long_length_buckets
+from exporters.records import CONTEXT_32K_TOKENS, length_bucket, length_bucket_labels, long_length_buckets
 
 DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
 """The circuit breaker's first level; the sidecar's load shedding watches it by this name."""
@@ -433,50 +434,116 @@ def memory_leak(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]
     )]
 
 
-def _long_context_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
+def _long_thresholds(config: RulesConfig, edges: tuple[int, ...]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    """Each long-prompt threshold with its buckets (those starting at or above it: exactly the prompts of more
+    than that many tokens when it is an edge), highest first."""
+    labels = ", ".join(length_bucket_labels(edges))
+    for tokens in config.long_context_thresholds:
+        if not long_length_buckets(edges, above=tokens):
+            raise ConfigError(
+                "rules.long_context_tokens",
+                f"no length bucket starts at or above {tokens} (buckets: {labels}; edges come from "
+                f"serve.length_bucket_edges)",
+                config.long_context_tokens,
+            )
+    return tuple((t, long_length_buckets(edges, above=t)) for t in reversed(config.long_context_thresholds))
+
+
+def _class_failures(c: RulesConfig, edges: tuple[int, ...], failing: str, ratio: float) -> tuple[Series, ...]:
+    """Plenty of healthy short traffic, and the ``failing`` bucket failing at ``ratio``."""
     step = step_for(c.long_context_window_s)
     n = steps_needed(c.long_context_for_s + 4 * step, step)
-    long_bucket = long_length_buckets(edges, above=c.long_context_tokens)[0]
-    short_bucket = length_bucket_labels(edges)[0]
-    # Plenty of healthy short traffic: averaged together, the long prompts' failures would vanish.
-    short = request_series(MODEL, 10**6, 0, n, short_bucket)
-    firing = short + request_series(MODEL, *ratio_traffic(above(c.long_context_error_ratio), 1000), n, long_bucket)
-    quiet = short + request_series(MODEL, *ratio_traffic(c.long_context_error_ratio / 2, 1000), n, long_bucket)
-    return Scenario(step, firing, quiet, step, {"model_name": MODEL})
+    # Averaged together, the long prompts' failures would vanish in the short traffic.
+    short = request_series(MODEL, 10**6, 0, n, length_bucket_labels(edges)[0])
+    return short + request_series(MODEL, *ratio_traffic(ratio, 1000), n, failing)
+
+
+def _long_context_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
+    thresholds = _long_thresholds(c, edges)
+    step = step_for(c.long_context_window_s)
+    lowest, lowest_buckets = thresholds[-1]
+    firing = _class_failures(c, edges, lowest_buckets[0], above(c.long_context_error_ratio))
+    quiet = _class_failures(c, edges, lowest_buckets[0], c.long_context_error_ratio / 2)
+    labels = {"model_name": MODEL}
+    # A failing class counts toward every threshold below it; the label names the highest whose prompts fail.
+    cases = tuple(Case(f"prompts above {tokens} tokens fail",
+                       _class_failures(c, edges, buckets_above[0], above(c.long_context_error_ratio)),
+                       labels | {"prompt_tokens_above": str(tokens)})
+                  for tokens, buckets_above in thresholds[:-1])
+    return Scenario(step, firing, quiet, step, labels | {"prompt_tokens_above": str(lowest)}, cases=cases)
 
 
 def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]:
-    """Failure ratio of long prompts on its own, so short traffic cannot average it away."""
-    long_buckets = long_length_buckets(edges, above=config.long_context_tokens)
-    if not long_buckets:
-        labels = ", ".join(length_bucket_labels(edges))
-        raise ConfigError(
-            "rules.long_context_tokens",
-            f"no length bucket starts at or above it (buckets: {labels}; edges come from "
-            f"serve.length_bucket_edges)",
-            config.long_context_tokens,
-        )
-    ratio = _error_ratio(config.long_context_window_s, ("length_bucket", "=~", any_of(long_buckets)))
+    """Failure ratio of long prompts on its own, per threshold, so short traffic cannot average it away.
+
+    The expression's value is the threshold whose prompts fail (the highest, when several do): the label
+    ``prompt_tokens_above`` reads it.
+    """
+    w, r = config.long_context_window_s, number(config.long_context_error_ratio)
+    clauses = [f"(({_error_ratio(w, ('length_bucket', '=~', any_of(b)))}) > {r}) * 0 + {t}"
+               for t, b in _long_thresholds(config, edges)]
+    thresholds = ", ".join(map(str, config.long_context_thresholds))
     return [AlertRule(
         name="InferwatchLongContextFailures",
-        expr=f"{ratio} > {number(config.long_context_error_ratio)}",
+        expr=" or ".join(f"({c})" for c in clauses),
         for_s=config.long_context_for_s,
         severity=Severity.WARNING,
-        labels={"length_buckets": ",".join(long_buckets)},
+        labels={"prompt_tokens_above": "{{ $value }}"},
         summary="Long prompts fail far more often than the rest.",
         description=(
             f"More than {_pct(config.long_context_error_ratio)} of requests to model "
-            f"{{{{ $labels.model_name }}}} with prompts of {config.long_context_tokens} tokens or more "
-            f"failed over {duration(config.long_context_window_s)}, for "
+            f"{{{{ $labels.model_name }}}} with prompts of more than {{{{ $value }}}} tokens "
+            f"failed over {duration(w)}, for {duration(config.long_context_for_s)} (thresholds: {thresholds})."
+        ),
+        runbook=Runbook(
+            "Requests with long prompts fail far more often than the rest; the overall error ratio hides it. "
+            "The label `prompt_tokens_above` names the threshold (`rules.long_context_tokens`) whose prompts fail.",
+            ("Errors by length bucket and outcome (timeouts? OOM?).", "`--max-model-len` and KV cache size."),
+            ("Send long prompts to a separate queue or replica (`serve.long_prompt_upstream`).",
+             "Enable chunked prefill.", "Use an fp8 KV cache.",
+             "Raise the timeouts for long prompts, or cap prompt length at the gateway."),
+        ),
+        scenario=_long_context_scenario,
+        annotations=context(MODEL_SCOPE),
+    )]
+
+
+def _context_32k_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
+    bucket = length_bucket(CONTEXT_32K_TOKENS, edges)
+    firing = _class_failures(c, edges, bucket, above(c.context_32k_error_ratio))
+    quiet = _class_failures(c, edges, bucket, c.context_32k_error_ratio / 2)
+    return Scenario(step_for(c.long_context_window_s), firing, quiet, step_for(c.long_context_window_s),
+                    {"model_name": MODEL})
+
+
+def context_32k(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]:
+    """Failure ratio of the class holding 32,000-token prompts, with its own threshold (the launch guide's
+    "watch the failure rate of 32k requests on its own")."""
+    bucket = length_bucket(CONTEXT_32K_TOKENS, edges)
+    w = config.long_context_window_s
+    return [AlertRule(
+        name="InferwatchContext32kFailures",
+        expr=f"{_error_ratio(w, ('length_bucket', '=', bucket))} > {number(config.context_32k_error_ratio)}",
+        for_s=config.long_context_for_s,
+        severity=Severity.WARNING,
+        labels={"length_bucket": bucket},
+        summary="32k-token requests fail too often.",
+        description=(
+            f"More than {_pct(config.context_32k_error_ratio)} of requests to model {{{{ $labels.model_name }}}} "
+            f"in the length class {bucket} (where 32,000-token prompts land) failed over {duration(w)}, for "
             f"{duration(config.long_context_for_s)}."
         ),
         runbook=Runbook(
-            "Requests with long prompts fail far more often than the rest; the overall error ratio hides it.",
-            ("Errors by length bucket and outcome (timeouts? OOM?).", "`--max-model-len` and KV cache size."),
-            ("Send long prompts to a separate queue or replica.", "Enable chunked prefill.",
-             "Use an fp8 KV cache.", "Raise the timeouts for long prompts, or cap prompt length at the gateway."),
+            "Requests near a 32k context fail more often than `rules.context_32k_error_ratio`: they need the most "
+            "KV cache and the longest prefill, so they are the first to hit OOM, preemption or timeouts.",
+            ("Errors of the class by outcome (timeouts? overloaded? upstream errors with OOM?).",
+             "`--max-model-len`, KV cache size and preemptions while these requests run.",
+             "Whether they reach a replica set up for long prompts (the `lane` label)."),
+            ("Send long prompts to their own replica (`serve.long_prompt_upstream`) started with "
+             "`--max-model-len` and `--max-num-batched-tokens` for them.", "Enable chunked prefill.",
+             "Raise the client and sidecar timeouts for these requests.", ROLLBACK),
         ),
-        scenario=_long_context_scenario,
+        scenario=_context_32k_scenario,
         annotations=context(MODEL_SCOPE),
     )]
 
@@ -882,7 +949,8 @@ def kv_offload(config: RulesConfig, _edges: tuple[int, ...]) -> list[AlertRule]:
 
 BUILDERS: tuple[Builder, ...] = (
     swapping, preemption, latency_sla, gpu_memory, circuit_breaker, oom_burst, memory_leak,
-    long_context, queue, upstream_down, kv_cache, log_drops, batch_advice, wedged_engine, kv_offload,
+    long_context, context_32k, queue, upstream_down, kv_cache, log_drops, batch_advice, wedged_engine, kv_offload,
+    canary_breaker,
 )
 
 

@@ -67,7 +67,8 @@ def _expected(alert: AlertRule, scenario: Scenario, t: int, case: Case | None = 
     query = scenario_query(scenario, t, None if case is None else case.inputs)
     value = _instance_value(alert, base, query)
     series = {k: x for k, x in base.items() if k not in alert.all_labels}
-    labels = {**base, **{name: expand(text, TemplateData(series, value, {})) for name, text in alert.all_labels.items()}}
+    data = TemplateData(series, value, {})
+    labels = {**base, **{name: expand(text, data) for name, text in alert.all_labels.items()}}
     annotations = render_annotations(alert, labels, query, value)
     return [{"exp_labels": dict(sorted(labels.items())), "exp_annotations": annotations}]
 

@@ -9,8 +9,9 @@ from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule
 from exporters.catalog.engine import SCRAPE_UP
 from exporters.errors import ConfigError
+from exporters.records import DEFAULT_LENGTH_EDGES
 
-EDGES = (512, 2048, 8192, 32768)
+EDGES = DEFAULT_LENGTH_EDGES
 
 
 def _alerts(config: RulesConfig | None = None, edges: tuple[int, ...] = EDGES) -> dict[str, AlertRule]:
@@ -20,14 +21,15 @@ def _alerts(config: RulesConfig | None = None, edges: tuple[int, ...] = EDGES) -
 
 def test_every_condition_of_the_issue_has_an_alert() -> None:
     """Swapping, preemption, SLA, GPU memory, breaker, OOM, leak, long context, queue, down, KV, logs, advice,
-    a wedged engine and sustained KV offload traffic."""
+    a wedged engine, sustained KV offload traffic and the canary's two breaker levels."""
     assert set(_alerts()) == {
         "InferwatchRequestsSwapped", "InferwatchPreemptionStorm", "InferwatchLatencyAboveSLA",
         "InferwatchGpuMemoryHigh", "InferwatchCircuitBreakerDegrade", "InferwatchCircuitBreakerRollback",
         "InferwatchOOMBurst", "InferwatchUpstreamMemoryLeak", "InferwatchLongContextFailures",
         "InferwatchQueueBacklog", "InferwatchUpstreamDown", "InferwatchKVCacheNearlyFull",
         "InferwatchLogRecordsDropped", "InferwatchBatchSizeAdvice", "InferwatchEngineWedged",
-        "InferwatchKVOffloadTraffic",
+        "InferwatchKVOffloadTraffic", "InferwatchCanaryDegrade", "InferwatchCanaryRollback",
+        "InferwatchContext32kFailures",
     }
 
 
@@ -57,15 +59,35 @@ def test_breaker_levels_and_actions() -> None:
 
 
 def test_long_context_reads_only_the_long_buckets() -> None:
-    """The long-prompt failure ratio uses the buckets starting at 8k tokens, apart from the rest."""
+    """The long-prompt failure ratio uses the buckets above 4,096 tokens, apart from the rest."""
     alert = _alerts()["InferwatchLongContextFailures"]
-    assert alert.expr.count('length_bucket=~"8k-32k|gt32k"') == 2
+    assert alert.expr.count('length_bucket=~"4k-16k|16k-32k|gt32k"') == 2
+
+
+def test_several_long_context_thresholds_each_read_their_buckets() -> None:
+    """With thresholds 4,096 and 16,384, each has its own ratio; the highest comes first, so it names the alert."""
+    alert = _alerts(RulesConfig(long_context_tokens=[16384, 4096]))["InferwatchLongContextFailures"]
+    high, low = alert.expr.split(" or ")
+    assert 'length_bucket=~"16k-32k|gt32k"' in high
+    assert high.endswith("* 0 + 16384)")
+    assert 'length_bucket=~"4k-16k|16k-32k|gt32k"' in low
+    assert low.endswith("* 0 + 4096)")
+    assert alert.labels["prompt_tokens_above"] == "{{ $value }}"
 
 
 def test_long_context_without_long_buckets_is_a_config_error() -> None:
-    """Edges that never reach the long-context size are refused, naming the buckets."""
-    with pytest.raises(ConfigError, match="le512"):
+    """Edges that never reach a long-context threshold are refused, naming the buckets."""
+    with pytest.raises(ConfigError, match="le512") as err:
         _alerts(edges=(512, 2048))
+    assert err.value.key == "rules.long_context_tokens"
+
+
+def test_the_32k_class_has_its_own_alert_and_threshold() -> None:
+    """The class holding 32,000-token prompts (16k-32k by default) has its own ratio against its own threshold."""
+    alert = _alerts(RulesConfig(context_32k_error_ratio=0.2))["InferwatchContext32kFailures"]
+    assert alert.expr.count('length_bucket="16k-32k"') == 2
+    assert alert.expr.endswith("> 0.2")
+    assert alert.labels["length_bucket"] == "16k-32k"
 
 
 def test_upstream_down_uses_the_sidecar_gauge_not_up() -> None:

@@ -16,8 +16,9 @@ from alert_rules.config import RulesConfig
 from alert_rules.promql import ast, check_supported, parse_expr
 from exporters.catalog import sample_names
 from exporters.errors import ConfigError
+from exporters.records import DEFAULT_LENGTH_EDGES
 
-EDGES = (512, 2048, 8192, 32768)
+EDGES = DEFAULT_LENGTH_EDGES
 OWN_MODULES = ("spec", "config", "windows", "slo", "intervene", "annotate", "render", "alertmanager",
                "scenario", "testgen", "runbooks", "build")
 

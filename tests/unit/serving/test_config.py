@@ -15,7 +15,7 @@ def test_defaults_are_valid() -> None:
     """Every default passes its own validation."""
     settings = cfg.defaults()
     assert settings.serve.listen == "127.0.0.1:9100"
-    assert settings.serve.length_bucket_edges == [512, 2048, 8192, 32768]
+    assert settings.serve.length_bucket_edges == [512, 4096, 16384, 32768]
 
 
 @pytest.mark.parametrize(
