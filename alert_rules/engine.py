@@ -127,7 +127,8 @@ def _load_rule(raw: Any, where: str) -> Rule:
     try:
         parse_expr(expr)
     except UnsupportedExpression as err:
-        raise RuleFileError(f"{where}: {err}") from err
+        named = f"alert {raw['alert']!r}" if "alert" in raw else f"record {raw.get('record')!r}"
+        raise RuleFileError(f"{where} ({named}): {err}") from err
     labels = _strings(raw.get("labels"), f"{where}.labels")
     if "record" in raw:
         unknown = set(raw) - {"record", "expr", "labels"}
@@ -213,7 +214,8 @@ class RuleEngine:
         self.groups = list(groups)
         self.store = store
         self._trees, shared = self._parse_all()
-        self.evaluator = Evaluator(store, lookback_ms, shared)
+        # a subquery without a step uses the global evaluation interval, as in Prometheus
+        self.evaluator = Evaluator(store, lookback_ms, shared, subquery_step_ms=default_interval_ms)
         self.default_interval_ms = default_interval_ms
         self.recorded_retention_ms = recorded_retention_ms
         self.resend_delay_ms = resend_delay_ms

@@ -10,11 +10,9 @@ are errors. A test group without ``interval`` puts every input sample at t=0 (se
 from __future__ import annotations
 
 import glob
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import yaml
 
 from alert_rules.engine import RuleEngine, RuleFileError, load_groups, parse_duration_ms
 from alert_rules.promql.errors import EvaluationError, UnsupportedExpression
+from alert_rules.promql.gofloat import format_float
 from alert_rules.promql.values import NAME, STALE_NAN, Labels, labels_of
 from alert_rules.store import SeriesStore
 from exporters.errors import InferwatchError
@@ -112,28 +111,12 @@ def format_duration(ms: int) -> str:
     return out
 
 
-def go_e(value: float) -> str:
-    """strconv.FormatFloat(v, 'E', -1, 64), as promtool prints values."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "0E+00"
-    sign, digits, exponent = Decimal(repr(value)).as_tuple()
-    text = "".join(map(str, digits)).rstrip("0") or "0"
-    assert isinstance(exponent, int)
-    exp = len(digits) + exponent - 1
-    mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
-    return f"{'-' if sign else ''}{mantissa}E{'-' if exp < 0 else '+'}{abs(exp):02d}"
-
-
 def _fmt_labels(labels: Labels) -> str:
     return "{" + ", ".join(f'{k}="{v}"' for k, v in labels) + "}"
 
 
 def _fmt_samples(samples: Iterable[tuple[Labels, float]]) -> str:
-    items = [f"{_fmt_labels(labels)} {go_e(value)}" for labels, value in samples]
+    items = [f"{_fmt_labels(labels)} {format_float(value, 'E')}" for labels, value in samples]
     return ", ".join(items) if items else "nil"
 
 

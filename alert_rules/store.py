@@ -274,6 +274,15 @@ class SeriesStore:
     def instant(self, name: str | None, matchers: Sequence[Matcher], ref_ms: int,
                 lookback_ms: int) -> list[tuple[Labels, float]]:
         """The latest sample at or before ``ref_ms`` and no older than the lookback, per series."""
+        return [(series.labels, series.vs[i]) for series, i in self._latest(name, matchers, ref_ms, lookback_ms)]
+
+    def instant_times(self, name: str | None, matchers: Sequence[Matcher], ref_ms: int,
+                      lookback_ms: int) -> list[tuple[Labels, int]]:
+        """The time of the sample :meth:`instant` picks, per series (what PromQL's ``timestamp()`` reads)."""
+        return [(series.labels, series.ts[i]) for series, i in self._latest(name, matchers, ref_ms, lookback_ms)]
+
+    def _latest(self, name: str | None, matchers: Sequence[Matcher], ref_ms: int,
+                lookback_ms: int) -> list[tuple[Series, int]]:
         out = []
         oldest = ref_ms - lookback_ms
         for series in self.series(name, matchers):
@@ -286,7 +295,7 @@ class SeriesStore:
             value = series.vs[i]
             if math.isnan(value) and is_stale(value):
                 continue
-            out.append((series.labels, value))
+            out.append((series, i))
         return out
 
     def increases(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int, maxt_ms: int,

@@ -6,7 +6,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-ValueKind = Literal["scalar", "vector", "matrix"]
+ValueKind = Literal["scalar", "vector", "matrix", "string"]
+
+At = int | Literal["start", "end"] | None
+"""An ``@`` modifier: a time in milliseconds, ``start()`` or ``end()`` (both the query's time in a rule), or none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,7 @@ class Selector:
     name: str | None
     matchers: tuple[Matcher, ...]
     offset_ms: int = 0
+    at: At = None
     kind: ValueKind = "vector"
 
 
@@ -54,6 +58,26 @@ class RangeSelector:
     selector: Selector
     range_ms: int
     kind: ValueKind = "matrix"
+
+
+@dataclass(frozen=True, slots=True)
+class Subquery:
+    """``expr[range:step] offset d @ t``; a step of 0 stands for the default (the evaluation interval)."""
+
+    expr: Node
+    range_ms: int
+    step_ms: int
+    offset_ms: int = 0
+    at: At = None
+    kind: ValueKind = "matrix"
+
+
+@dataclass(frozen=True, slots=True)
+class String:
+    """A string literal (only as an argument of label_replace, label_join and count_values)."""
+
+    value: str
+    kind: ValueKind = "string"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,4 +124,6 @@ class Negate:
     kind: ValueKind = "vector"
 
 
-Node = Number | Selector | RangeSelector | Call | Aggregate | Binary | Negate
+Node = Number | String | Selector | RangeSelector | Subquery | Call | Aggregate | Binary | Negate
+MatrixNode = RangeSelector | Subquery
+"""What a range-vector argument may be."""

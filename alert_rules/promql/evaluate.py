@@ -16,8 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from alert_rules.promql import functions as fn
+from alert_rules.promql import relabel, topk
 from alert_rules.promql.ast import (
     Aggregate,
+    At,
     Binary,
     Call,
     Matcher,
@@ -26,16 +28,23 @@ from alert_rules.promql.ast import (
     Number,
     RangeSelector,
     Selector,
+    String,
+    Subquery,
 )
+from alert_rules.promql.dates import DATE_FIELDS, go_int64, go_seconds
 from alert_rules.promql.errors import EvaluationError
+from alert_rules.promql.gofloat import format_float
 from alert_rules.promql.parse import COMPARISONS, parse_expr
 from alert_rules.promql.shared import Reads, Shared
 from alert_rules.promql.values import NAME, Labels, Vector, drop_name, get, keep_only, without
 
 DEFAULT_LOOKBACK_MS = 5 * 60 * 1000
+DEFAULT_SUBQUERY_STEP_MS = 60_000
+"""A subquery's step when it names none: Prometheus' global evaluation interval (1m by default)."""
 GROUP_KEYS_KEPT = 200_000
 """Label sets whose aggregation key is remembered, per grouping, before that memory is dropped."""
-ARITHMETIC_DROPS_NAME = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
+ARITHMETIC_DROPS_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
+"""Operators whose result loses the metric name (Prometheus 2.42 keeps it for atan2)."""
 
 
 class Queryable(Protocol):
@@ -44,6 +53,11 @@ class Queryable(Protocol):
     def instant(self, name: str | None, matchers: Sequence[Matcher], ref_ms: int,
                 lookback_ms: int) -> list[tuple[Labels, float]]:
         """Latest sample per matching series within the lookback."""
+        ...
+
+    def instant_times(self, name: str | None, matchers: Sequence[Matcher], ref_ms: int,
+                      lookback_ms: int) -> list[tuple[Labels, int]]:
+        """The time of the sample ``instant`` picks, per series."""
         ...
 
     def window(self, name: str | None, matchers: Sequence[Matcher], mint_ms: int,
@@ -63,6 +77,7 @@ class Queryable(Protocol):
 
 
 Result = Vector | float
+Matrix = list[tuple[Labels, Sequence[int], Sequence[float]]]
 
 
 def _go_max(a: float, b: float) -> float:
@@ -158,27 +173,51 @@ _SIMPLE: dict[str, Callable[[float], float]] = {
     "ln": lambda v: math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan),
     "log2": lambda v: math.log2(v) if v > 0 else (-math.inf if v == 0 else math.nan),
     "log10": lambda v: math.log10(v) if v > 0 else (-math.inf if v == 0 else math.nan),
+    "sgn": lambda v: -1.0 if v < 0 else (1.0 if v > 0 else v),
+    "deg": lambda v: v * 180 / math.pi, "rad": lambda v: v * math.pi / 180,
+    "sin": lambda v: math.sin(v) if math.isfinite(v) else math.nan,
+    "cos": lambda v: math.cos(v) if math.isfinite(v) else math.nan,
+    "tan": lambda v: math.tan(v) if math.isfinite(v) else math.nan,
+    "asin": lambda v: math.asin(v) if -1 <= v <= 1 else math.nan,
+    "acos": lambda v: math.acos(v) if -1 <= v <= 1 else math.nan,
+    "atan": math.atan, "sinh": lambda v: _overflowing(math.sinh, v),
+    "cosh": lambda v: _overflowing(math.cosh, v), "tanh": math.tanh, "asinh": math.asinh,
+    "acosh": lambda v: math.acosh(v) if v >= 1 else math.nan,
+    "atanh": lambda v: math.atanh(v) if -1 < v < 1 else (math.copysign(math.inf, v) if abs(v) == 1 else math.nan),
 }
+KEEP_NAME = frozenset({"last_over_time", "sort", "sort_desc", "label_replace", "label_join"})
+"""Functions whose result keeps the input's metric name (every other one drops it)."""
+
+
+def _overflowing(func: Callable[[float], float], v: float) -> float:
+    try:
+        return func(v)
+    except OverflowError:
+        return math.copysign(math.inf, v) if func is math.sinh else math.inf
 
 
 class Evaluator:
     """Evaluates expressions at one instant over a :class:`Queryable`."""
 
     def __init__(self, store: Queryable, lookback_ms: int = DEFAULT_LOOKBACK_MS,
-                 shared: Shared | None = None) -> None:
+                 shared: Shared | None = None, subquery_step_ms: int = DEFAULT_SUBQUERY_STEP_MS) -> None:
         """``shared`` (from :func:`alert_rules.promql.shared.share`): subtrees whose result is reused
-        while the evaluation time and the series they read are unchanged."""
+        while the evaluation time and the series they read are unchanged. ``subquery_step_ms``: the
+        step of subqueries that name none (Prometheus' global evaluation interval)."""
         self.store = store
         self.lookback_ms = lookback_ms
         self.shared: Shared = shared or {}
-        self._reused: dict[int, tuple[tuple[int, int], Result]] = {}
+        self.subquery_step_ms = subquery_step_ms
+        self._query_ms = 0  # the query's own time: what @ start() and @ end() stand for
+        self._reused: dict[int, tuple[tuple[int, int, int], Result]] = {}
         self._group_keys: dict[tuple[bool, frozenset[str]], dict[Labels, Labels]] = {}
 
     def query(self, expr: str | Node, t_ms: int) -> Result:
         """Evaluate ``expr`` at ``t_ms``: a vector (list of (labels, value)) or a scalar float."""
         node = parse_expr(expr) if isinstance(expr, str) else expr
-        if isinstance(node, RangeSelector):
-            raise EvaluationError("a range vector cannot be the result of a rule or a query here")
+        if node.kind in ("matrix", "string"):
+            raise EvaluationError(f"a {node.kind} cannot be the result of a rule or a query here")
+        self._query_ms = t_ms
         return self.eval(node, t_ms)
 
     def eval(self, node: Node, t: int) -> Result:
@@ -191,7 +230,7 @@ class Evaluator:
 
     def reuse(self, node: Node, reads: Reads, t: int) -> Result:
         """A shared subtree's result, computed again only when the time or the series it reads changed."""
-        stamp = (t, self.store.generation(reads))
+        stamp = (t, self._query_ms, self.store.generation(reads))
         held = self._reused.get(id(node))
         if held is not None and held[0] == stamp:
             return held[1]
@@ -204,7 +243,8 @@ class Evaluator:
         if isinstance(node, Number):
             return node.value
         if isinstance(node, Selector):
-            return self.store.instant(node.name, node.matchers, t - node.offset_ms, self.lookback_ms)
+            return self.store.instant(node.name, node.matchers, self.ref_time(node.offset_ms, node.at, t),
+                                      self.lookback_ms)
         if isinstance(node, Call):
             return self.call(node, t)
         if isinstance(node, Aggregate):
@@ -217,6 +257,13 @@ class Evaluator:
                 return -inner
             return [(drop_name(labels), -v) for labels, v in inner]
         raise EvaluationError(f"cannot evaluate {type(node).__name__} here")
+
+    def ref_time(self, offset_ms: int, at: At, t: int) -> int:
+        """The time a selector or subquery reads at: its @ time (start() and end() are the query's time, even
+        inside a subquery) or the evaluation time, less the offset."""
+        if at is None:
+            return t - offset_ms
+        return (self._query_ms if isinstance(at, str) else at) - offset_ms
 
     def vector(self, node: Node, t: int) -> Vector:
         """Evaluate a node that must give an instant vector."""
@@ -238,6 +285,21 @@ class Evaluator:
         name = node.func
         if name == "time":
             return t / 1000
+        if name == "pi":
+            return math.pi
+        if name in DATE_FIELDS:
+            field = DATE_FIELDS[name]
+            if not node.args:
+                return [((), field(go_seconds(t)))]
+            return _unique([(drop_name(labels), field(go_int64(v))) for labels, v in self.vector(node.args[0], t)])
+        if name == "timestamp":
+            return self.timestamp(node.args[0], t)
+        if name in ("label_replace", "label_join", "round", "sort", "sort_desc"):
+            return self.vector_function(node, t)
+        if name in ("histogram_count", "histogram_sum", "histogram_fraction"):
+            for arg in node.args:
+                self.eval(arg, t)
+            return []  # these read native histograms only, and the store holds floats only
         if name == "vector":
             return [((), self.scalar(node.args[0], t))]
         if name == "scalar":
@@ -245,7 +307,7 @@ class Evaluator:
             return vec[0][1] if len(vec) == 1 else math.nan
         if name in _SIMPLE:
             func = _SIMPLE[name]
-            return [(drop_name(labels), func(v)) for labels, v in self.vector(node.args[0], t)]
+            return _unique([(drop_name(labels), func(v)) for labels, v in self.vector(node.args[0], t)])
         if name in ("clamp", "clamp_min", "clamp_max"):
             return self.clamp(node, t)
         if name == "absent":
@@ -255,6 +317,31 @@ class Evaluator:
         if name == "histogram_quantile":
             return self.histogram_quantile(self.scalar(node.args[0], t), self.vector(node.args[1], t))
         return self.range_function(node, t)
+
+    def timestamp(self, arg: Node, t: int) -> Vector:
+        """timestamp(): a selector's sample times; any other argument's samples are at the evaluation time."""
+        if isinstance(arg, Selector):
+            ref = self.ref_time(arg.offset_ms, arg.at, t)
+            rows = self.store.instant_times(arg.name, arg.matchers, ref, self.lookback_ms)
+            return _unique([(drop_name(labels), when / 1000) for labels, when in rows])
+        return _unique([(drop_name(labels), t / 1000) for labels, _ in self.vector(arg, t)])
+
+    def vector_function(self, node: Call, t: int) -> Vector:
+        """round, sort, sort_desc, label_replace and label_join."""
+        vec = self.vector(node.args[0], t)
+        strings = [a.value for a in node.args[1:] if isinstance(a, String)]
+        name = node.func
+        if name == "round":
+            to_nearest = self.scalar(node.args[1], t) if len(node.args) > 1 else 1.0
+            inverse = _go_div(1.0, to_nearest)
+            return _unique([(drop_name(labels), _go_div(_floor(v * inverse + 0.5), inverse)) for labels, v in vec])
+        if name in ("sort", "sort_desc"):
+            descending = name == "sort_desc"
+            return sorted(vec, key=lambda s: (math.isnan(s[1]), -s[1] if descending else s[1]))
+        if name == "label_replace":
+            dst, replacement, src, regex = strings
+            return _unique(relabel.label_replace(vec, dst, replacement, src, relabel.compile_anchored(regex)))
+        return _unique(relabel.label_join(vec, strings[0], strings[1], tuple(strings[2:])))
 
     def clamp(self, node: Call, t: int) -> Vector:
         vec = self.vector(node.args[0], t)
@@ -273,11 +360,10 @@ class Evaluator:
         if not isinstance(selector, Selector):
             return ()
         seen: dict[str, str | None] = {}
-        for m in selector.matchers:
+        for m in selector.matchers:  # Prometheus: a label matched other than by one "=" is left out
             if m.name == NAME:
                 continue
-            if m.op == "=":
-                seen[m.name] = None if m.name in seen else m.value
+            seen[m.name] = m.value if m.op == "=" and m.name not in seen else None
         return tuple(sorted((k, v) for k, v in seen.items() if v is not None and v != ""))
 
     def histogram_quantile(self, q: float, vec: Vector) -> Vector:
@@ -297,13 +383,16 @@ class Evaluator:
         name = node.func
         param = self.scalar(node.args[0], t) if name == "quantile_over_time" else 0.0
         matrix_arg = node.args[1] if name == "quantile_over_time" else node.args[0]
-        assert isinstance(matrix_arg, RangeSelector)
-        sel = matrix_arg.selector
-        end = t - sel.offset_ms
-        start = end - matrix_arg.range_ms
-        if name in ("rate", "increase", "delta"):
-            return self.extrapolated(name, sel, start, end, matrix_arg.range_ms)
-        window = self.store.window(sel.name, sel.matchers, start, end)
+        assert isinstance(matrix_arg, RangeSelector | Subquery)
+        if isinstance(matrix_arg, RangeSelector):
+            sel = matrix_arg.selector
+            end = self.ref_time(sel.offset_ms, sel.at, t)
+            start = end - matrix_arg.range_ms
+            if name in ("rate", "increase", "delta"):
+                return self.extrapolated(name, sel, start, end, matrix_arg.range_ms)
+            window: Matrix = self.store.window(sel.name, sel.matchers, start, end)
+        else:
+            start, end, window = self.subquery(matrix_arg, t)
         if name == "absent_over_time":
             return [] if window else [(self.absent_labels(matrix_arg), 1.0)]
         horizon = self.scalar(node.args[1], t) if name == "predict_linear" else 0.0
@@ -313,17 +402,29 @@ class Evaluator:
             if value is None:
                 continue
             out.append((labels if name == "last_over_time" else drop_name(labels), value))
-        if name != "last_over_time":
-            _check_unique(sel, out)
-        return out
+        return out if name == "last_over_time" else _unique(out)
+
+    def subquery(self, node: Subquery, t: int) -> tuple[int, int, Matrix]:
+        """(window start, window end, series) of a subquery: its expression evaluated at every multiple of
+        the step within ``[end - range, end]``, both ends included."""
+        end = self.ref_time(node.offset_ms, node.at, t)
+        step = node.step_ms or self.subquery_step_ms
+        start = end - node.range_ms
+        first = -(-start // step) * step
+        series: dict[Labels, tuple[list[int], list[float]]] = {}
+        for at in range(first, end + 1, step):
+            for labels, value in self.vector(node.expr, at):
+                ts, vs = series.setdefault(labels, ([], []))
+                ts.append(at)
+                vs.append(value)
+        return start, end, [(labels, ts, vs) for labels, (ts, vs) in series.items()]
 
     def extrapolated(self, name: str, sel: Selector, start: int, end: int, range_ms: int) -> Vector:
         """rate, increase or delta of every selected series, from the store's per-window increases."""
         counter = name != "delta"
         rows = self.store.increases(sel.name, sel.matchers, start, end, counter)
         out = fn.extrapolate_rows(rows, start, end, range_ms, counter, name == "rate")
-        _check_unique(sel, out)
-        return out
+        return _unique(out) if sel.name is None else out
 
     @staticmethod
     def over_time(name: str, ts: Sequence[int], vs: Sequence[float], start: int, end: int,
@@ -344,7 +445,8 @@ class Evaluator:
             "max_over_time": fn.max_over_time, "min_over_time": fn.min_over_time,
             "count_over_time": lambda v: float(len(v)), "last_over_time": lambda v: v[-1],
             "present_over_time": lambda v: 1.0, "changes": fn.changes, "resets": fn.resets,
-            "quantile_over_time": lambda v: fn.quantile(param, v),
+            "quantile_over_time": lambda v: fn.quantile(param, v), "stdvar_over_time": fn.stdvar_over_time,
+            "stddev_over_time": lambda v: math.sqrt(fn.stdvar_over_time(v)),
         }
         return table[name](vs)
 
@@ -365,7 +467,15 @@ class Evaluator:
                 sums[key] = value if total is None else total + value
             return list(sums.items())
         if op in ("topk", "bottomk"):
-            return self.top(op, param, vec, keys, key_of)
+            if not -9.223372036854775808e18 <= param <= 9.223372036854775807e18:
+                raise EvaluationError(f"Scalar value {format_float(param, 'g')} overflows int64")
+            k = go_int64(param)
+            return [] if k < 1 else topk.select(op, k, vec, lambda labels: _key(keys, key_of, labels))
+        if op == "count_values":
+            assert isinstance(node.param, String)
+            return self.count_values(node, node.param.value, vec)
+        if op in ("stddev", "stdvar"):
+            return self.deviation(op, vec, keys, key_of)
         groups: dict[Labels, list] = {}
         for labels, value in vec:
             key = keys.get(labels)
@@ -399,38 +509,36 @@ class Evaluator:
         return out
 
     @staticmethod
-    def top(op: str, param: float, vec: Vector, keys: dict[Labels, Labels],
-            key_of: Callable[[Labels], Labels]) -> Vector:
-        """topk / bottomk as Prometheus 2.42 computes them: the input series keep their labels; per group,
-        a sample replaces the current k-th only when strictly better (the earlier input wins a tie), and
-        each group's survivors come out best first."""
-        if math.isnan(param) or param < 1:
-            return []
-        k = int(min(param, 1e9))
-        top = op == "topk"
-
-        def better(a: float, b: float) -> bool:  # a strictly better than b
-            if math.isnan(b):
-                return not math.isnan(a)
-            return a > b if top else a < b
-
-        groups: dict[Labels, list[tuple[Labels, float]]] = {}
+    def deviation(op: str, vec: Vector, keys: dict[Labels, Labels], key_of: Callable[[Labels], Labels]) -> Vector:
+        """stddev / stdvar: Welford's running mean and sum of squares, uncompensated, as Prometheus 2.42."""
+        groups: dict[Labels, list[float]] = {}
         for labels, value in vec:
-            key = keys.get(labels)
-            if key is None:
-                key = keys[labels] = key_of(labels)
-            kept = groups.setdefault(key, [])
-            if len(kept) < k:
-                kept.append((labels, value))
+            key = _key(keys, key_of, labels)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [1.0, value, 0.0]
                 continue
-            worst = min(range(len(kept)), key=lambda i: (not math.isnan(kept[i][1]),
-                                                            kept[i][1] if top else -kept[i][1]))
-            if better(value, kept[worst][1]):
-                kept[worst] = (labels, value)
-        out: Vector = []
-        for kept in groups.values():
-            out.extend(sorted(kept, key=lambda s: (math.isnan(s[1]), -s[1] if top else s[1])))
-        return out
+            group[0] += 1
+            delta = value - group[1]
+            group[1] += delta / group[0]
+            group[2] += delta * (value - group[1])
+        if op == "stdvar":
+            return [(key, aux / count) for key, (count, _, aux) in groups.items()]
+        return [(key, math.sqrt(aux / count)) for key, (count, _, aux) in groups.items()]
+
+    @staticmethod
+    def count_values(node: Aggregate, label: str, vec: Vector) -> Vector:
+        """count_values: each value, as Go's shortest %f text, becomes ``label``; series with equal values
+        count together (``by`` keeps the label, ``without`` keeps every label not named)."""
+        counts: dict[Labels, float] = {}
+        names = frozenset(node.grouping)
+        dropped = names | {NAME}
+        kept = names | {label}
+        for labels, value in vec:
+            metric = tuple(sorted([*(p for p in labels if p[0] != label), (label, format_float(value, "f"))]))
+            key = without(metric, dropped) if node.without else keep_only(metric, kept)
+            counts[key] = counts.get(key, 0.0) + 1
+        return list(counts.items())
 
     def group_keys(self, node: Aggregate) -> tuple[dict[Labels, Labels], Callable[[Labels], Labels]]:
         """The remembered label set -> group labels of this grouping, and the function filling it in."""
@@ -582,10 +690,24 @@ def _avg_step(mean: float, value: float, count: int) -> float:
     return mean + (value / count - mean / count)
 
 
-def _check_unique(sel: Selector, out: Vector) -> None:
-    """Refuse a result holding one label set twice (only possible when no metric name is selected)."""
-    if sel.name is None and len({labels for labels, _ in out}) != len(out):
+def _unique(out: Vector) -> Vector:
+    """The result, refused as Prometheus refuses one holding a label set twice (after names were dropped or
+    labels rewritten)."""
+    if len(out) > 1 and len({labels for labels, _ in out}) != len(out):
         raise EvaluationError("vector cannot contain metrics with the same labelset")
+    return out
+
+
+def _key(keys: dict[Labels, Labels], key_of: Callable[[Labels], Labels], labels: Labels) -> Labels:
+    """The group of a label set, remembered."""
+    key = keys.get(labels)
+    if key is None:
+        key = keys[labels] = key_of(labels)
+    return key
+
+
+def _floor(v: float) -> float:
+    return float(math.floor(v)) if math.isfinite(v) else v
 
 
 def _fmt(labels: Labels) -> str:

@@ -273,3 +273,15 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     if count == 0:
         return NAN  # Go's 0/0 in Prometheus' bucketQuantile (q = 0 over an empty first bucket)
     return start + (end - start) * (rank / count)
+
+
+def stdvar_over_time(vs: Sequence[float]) -> float:
+    """Population variance of a window, with Kahan-compensated running mean and sum of squares."""
+    count = mean = c_mean = aux = c_aux = 0.0
+    for v in vs:
+        count += 1
+        delta = v - (mean + c_mean)
+        mean, c_mean = kahan_inc(delta / count, mean, c_mean)
+        aux, c_aux = kahan_inc(delta * (v - (mean + c_mean)), aux, c_aux)
+    return (aux + c_aux) / count
+

@@ -8,13 +8,15 @@ refused construct is located by searching the expression text for it.
 from __future__ import annotations
 
 import functools
+import math
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import promql_parser as pp
 
 from alert_rules.promql.ast import (
     Aggregate,
+    At,
     Binary,
     Call,
     Matcher,
@@ -23,32 +25,47 @@ from alert_rules.promql.ast import (
     Number,
     RangeSelector,
     Selector,
+    String,
+    Subquery,
 )
 from alert_rules.promql.errors import UnsupportedExpression
 
-# function name -> argument kinds ("s" scalar, "v" instant vector, "m" range vector); "?" = optional
+# function name -> argument kinds ("s" scalar, "v" instant vector, "m" range vector, "t" string);
+# the parser has already checked counts and kinds against Prometheus' own table.
+_MATH = ("abs", "ceil", "floor", "sqrt", "exp", "ln", "log2", "log10", "sgn", "deg", "rad", "acos", "acosh",
+         "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan", "tanh")
+DATE_FUNCTIONS = ("day_of_month", "day_of_week", "day_of_year", "days_in_month", "hour", "minute", "month",
+                  "year")
 FUNCTIONS: dict[str, str] = {
     "rate": "m", "increase": "m", "delta": "m", "irate": "m", "idelta": "m", "deriv": "m",
     "predict_linear": "ms", "changes": "m", "resets": "m",
     "avg_over_time": "m", "max_over_time": "m", "min_over_time": "m", "sum_over_time": "m",
     "count_over_time": "m", "last_over_time": "m", "present_over_time": "m",
-    "quantile_over_time": "sm", "absent_over_time": "m",
-    "histogram_quantile": "sv", "abs": "v", "ceil": "v", "floor": "v", "sqrt": "v", "exp": "v",
-    "ln": "v", "log2": "v", "log10": "v", "clamp": "vss", "clamp_min": "vs", "clamp_max": "vs",
-    "absent": "v", "vector": "s", "scalar": "v", "time": "",
+    "quantile_over_time": "sm", "absent_over_time": "m", "stddev_over_time": "m", "stdvar_over_time": "m",
+    "histogram_quantile": "sv", "histogram_count": "v", "histogram_sum": "v", "histogram_fraction": "ssv",
+    "clamp": "vss", "clamp_min": "vs", "clamp_max": "vs", "round": "vs",
+    "absent": "v", "vector": "s", "scalar": "v", "time": "", "pi": "", "timestamp": "v",
+    "sort": "v", "sort_desc": "v", "label_replace": "vtttt", "label_join": "vttt",
+    **dict.fromkeys(_MATH, "v"), **dict.fromkeys(DATE_FUNCTIONS, "v"),
 }
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "group", "quantile", "topk", "bottomk"})
+SCALAR_FUNCTIONS = frozenset({"scalar", "time", "pi"})
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count", "group", "quantile", "topk", "bottomk",
+                          "stddev", "stdvar", "count_values"})
 BINARY_OPS = frozenset({"+", "-", "*", "/", "%", "^", "atan2", "==", "!=", ">", "<", ">=", "<=",
                         "and", "or", "unless"})
 COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPS = frozenset({"and", "or", "unless"})
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 SUBSET_SUMMARY = (
-    "supported: selectors with =, !=, =~, !~ and offset; number literals; functions "
-    + ", ".join(sorted(FUNCTIONS)) + "; aggregations " + ", ".join(sorted(AGGREGATIONS))
-    + " with by/without; arithmetic, comparisons (with or without bool), and/or/unless, on/ignoring, "
-    "group_left/group_right"
+    "supported: selectors with =, !=, =~, !~, offset and @ (start(), end()); subqueries; number and "
+    "string literals; functions " + ", ".join(sorted(FUNCTIONS)) + "; aggregations "
+    + ", ".join(sorted(AGGREGATIONS)) + " with by/without; arithmetic, comparisons (with or without bool), "
+    "and/or/unless, on/ignoring, group_left/group_right"
 )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _ms(delta: timedelta) -> int:
@@ -94,13 +111,14 @@ class _Converter:
         if isinstance(expr, pp.NumberLiteral):
             return Number(float(expr.val))
         if isinstance(expr, pp.StringLiteral):
-            raise self.refuse("string literal", "strings are not supported", r"\"|'|`")
+            return String(str(expr.val))
         if isinstance(expr, pp.VectorSelector):
-            return self.selector(expr)
+            return self.selector(expr, expr.at, expr.offset)
         if isinstance(expr, pp.MatrixSelector):
-            return RangeSelector(self.selector(expr.vector_selector), _ms(expr.range))
+            inner = expr.vector_selector
+            return RangeSelector(self.selector(inner, inner.at, inner.offset), _ms(expr.range))
         if isinstance(expr, pp.SubqueryExpr):
-            raise self.refuse("subquery", "subqueries are not supported", r"\[[^\]]*:[^\]]*\]")
+            return self.subquery(expr)
         if isinstance(expr, pp.UnaryExpr):
             inner = self.node(expr.expr)
             if isinstance(inner, Number):
@@ -114,9 +132,33 @@ class _Converter:
             return self.binary(expr)
         raise self.refuse(type(expr).__name__, "this kind of expression is not supported")
 
-    def selector(self, sel: pp.VectorSelector) -> Selector:
-        if sel.at is not None:
-            raise self.refuse("@ modifier", "the @ modifier is not supported", r"@")
+    def at(self, modifier: object) -> At:
+        """An @ modifier as milliseconds (Go rounds the seconds to the nearest millisecond), start or end."""
+        if modifier is None:
+            return None
+        kind = str(getattr(modifier, "type", ""))
+        if kind.endswith("Start"):
+            return "start"
+        if kind.endswith("End"):
+            return "end"
+        if re.search(r"@\s*-", self.text):
+            raise self.refuse("@ modifier", "a negative @ time is not supported", r"@")
+        when = getattr(modifier, "at", None)
+        if not isinstance(when, datetime):
+            raise self.refuse("@ modifier", "its time could not be read", r"@")
+        micros = (when - _EPOCH) // timedelta(microseconds=1)
+        return int(math.copysign(math.floor(abs(micros) / 1000 + 0.5), micros))
+
+    def subquery(self, expr: pp.SubqueryExpr) -> Subquery:
+        inner = self.node(expr.expr)
+        if inner.kind != "vector":
+            raise self.refuse("subquery", f"a subquery needs an instant vector, got a {inner.kind}",
+                              r"\[[^\]]*:[^\]]*\]")
+        step = _ms(expr.step) if expr.step is not None else 0
+        offset = _ms(expr.offset) if expr.offset is not None else 0
+        return Subquery(inner, _ms(expr.range), step, offset, self.at(expr.at))
+
+    def selector(self, sel: pp.VectorSelector, at: object, offset_delta: timedelta | None) -> Selector:
         if sel.matchers.or_matchers:
             raise self.refuse("or inside a selector", "or-joined matchers are not supported", r"\bor\b")
         matchers = []
@@ -130,8 +172,8 @@ class _Converter:
                     raise self.refuse("regex matcher", f"regex {m.value!r} does not compile: {err}",
                                       re.escape(m.value)) from err
             matchers.append(Matcher(m.name, op, m.value, regex))  # type: ignore[arg-type]
-        offset = _ms(sel.offset) if sel.offset is not None else 0
-        return Selector(sel.name, tuple(matchers), offset)
+        offset = _ms(offset_delta) if offset_delta is not None else 0
+        return Selector(sel.name, tuple(matchers), offset, self.at(at))
 
     def call(self, call: pp.Call) -> Node:
         name = call.func.name
@@ -143,16 +185,30 @@ class _Converter:
         args = tuple(self.node(a) for a in call.args)
         if name == "vector" and not args:
             raise self.refuse(f"function {name}()", "needs one argument", pattern)
-        for arg, want in zip(args, kinds, strict=False):
-            have = {"scalar": "s", "vector": "v", "matrix": "m"}[arg.kind]
+        for arg, want in zip(args, kinds + kinds[-1:] * len(args), strict=False):
+            have = {"scalar": "s", "vector": "v", "matrix": "m", "string": "t"}[arg.kind]
             if have != want:
+                names = {"s": "scalar", "v": "instant vector", "m": "range vector", "t": "string"}
                 raise self.refuse(f"function {name}()", f"an argument is a {arg.kind}, expected "
-                                  f"{ {'s': 'scalar', 'v': 'instant vector', 'm': 'range vector'}[want]}",
-                                  pattern)
-            if want == "m" and not isinstance(arg, RangeSelector):
-                raise self.refuse(f"function {name}()", "range arguments must be range selectors", pattern)
-        kind = "scalar" if name in ("scalar", "time") else "vector"
+                                  f"{names[want]}", pattern)
+        if name in ("label_replace", "label_join"):
+            self.check_label_args(name, args, pattern)
+        kind = "scalar" if name in SCALAR_FUNCTIONS else "vector"
         return Call(name, args, kind=kind)  # type: ignore[arg-type]
+
+    def check_label_args(self, name: str, args: tuple[Node, ...], pattern: str) -> None:
+        """Refuse at load time what Prometheus refuses when the function first runs."""
+        texts = [a.value for a in args[1:] if isinstance(a, String)]
+        label_names = [texts[0]] + (texts[2:] if name == "label_join" else [])
+        for label in label_names:
+            if not LABEL_NAME.fullmatch(label):
+                raise self.refuse(f"function {name}()", f"invalid label name {label!r}", pattern)
+        if name == "label_replace":
+            try:
+                re.compile(texts[3])
+            except re.error as err:
+                raise self.refuse(f"function {name}()", f"regex {texts[3]!r} does not compile: {err}",
+                                  pattern) from err
 
     def aggregate(self, agg: pp.AggregateExpr) -> Aggregate:
         op = str(agg.op)
@@ -162,8 +218,12 @@ class _Converter:
         param = None
         if agg.param is not None:
             param = self.node(agg.param)
-            if param.kind != "scalar":
-                raise self.refuse(f"aggregation {op}", "its parameter must be a scalar",
+            want = "string" if op == "count_values" else "scalar"
+            if param.kind != want:
+                raise self.refuse(f"aggregation {op}", f"its parameter must be a {want}",
+                                  rf"\b{re.escape(op)}\b")
+            if isinstance(param, String) and not LABEL_NAME.fullmatch(param.value):
+                raise self.refuse(f"aggregation {op}", f"invalid label name {param.value!r}",
                                   rf"\b{re.escape(op)}\b")
         inner = self.node(agg.expr)
         if inner.kind != "vector":

@@ -18,8 +18,8 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
+from alert_rules.promql.gofloat import format_float
 from exporters.errors import InferwatchError
 
 
@@ -57,31 +57,8 @@ def go_value(value: object) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return _go_float_g(value)
+        return format_float(value, "g")
     return str(value)
-
-
-def _go_float_g(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "-0" if math.copysign(1.0, value) < 0 else "0"
-    sign, digits, exponent = Decimal(repr(value)).as_tuple()
-    text = "".join(map(str, digits)).rstrip("0") or "0"
-    assert isinstance(exponent, int)
-    point = len(digits) + exponent  # position of the decimal point in the digit string
-    exp = point - 1
-    prefix = "-" if sign else ""
-    if exp < -4 or exp >= 6:
-        mantissa = text[0] + ("." + text[1:] if len(text) > 1 else "")
-        return f"{prefix}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
-    if point <= 0:
-        return f"{prefix}0.{'0' * -point}{text}"
-    if point >= len(text):
-        return f"{prefix}{text}{'0' * (point - len(text))}"
-    return f"{prefix}{text[:point]}.{text[point:]}"
 
 
 def _g4(value: float) -> str:
@@ -186,7 +163,7 @@ def printf(fmt: object, *args: object) -> str:
                 text = go_value(number)
             else:
                 spec = f"{flags}{'.' + precision if precision is not None else ('.6' if verb in 'fe' else '')}"
-                text = format(number, spec + verb) if verb != "g" or precision else _go_float_g(number)
+                text = format(number, spec + verb) if verb != "g" or precision else format_float(number, "g")
         return text.rjust(int(width)) if width else text
 
     return _VERB.sub(one, str(fmt))

@@ -83,8 +83,10 @@ def test_recording_output_goes_stale_when_gone() -> None:
 
 def test_bad_rules_are_refused() -> None:
     """Unknown keys and unsupported expressions are rule-file errors."""
-    with pytest.raises(RuleFileError):
-        load_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "stddev(x)"}]}]})
+    with pytest.raises(RuleFileError, match=r"rules\[0\] \(alert 'A'\): PromQL syntax.*holt_winters"):
+        load_groups({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "holt_winters(x[5m], 0.5, 0.5)"}]}]})
+    with pytest.raises(RuleFileError, match=r"\(record 'r'\): PromQL @ modifier .*negative"):
+        load_groups({"groups": [{"name": "g", "rules": [{"record": "r", "expr": "x @ -5"}]}]})
     with pytest.raises(RuleFileError):
         load_groups({"groups": [{"name": "g", "rules": [{"record": "r", "expr": "x", "for": "1m"}]}]})
 

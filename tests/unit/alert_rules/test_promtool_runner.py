@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from alert_rules.promql.gofloat import format_float
 from alert_rules.promql.values import is_stale
-from alert_rules.promtool_runner import go_e, parse_labels, parse_values, run_files
+from alert_rules.promtool_runner import parse_labels, parse_values, run_files
 
 RULES = """
 groups:
@@ -52,9 +53,9 @@ def test_labels_and_value_printing() -> None:
     """Series descriptions parse to label sets; values print like Go's %E."""
     assert parse_labels('x{a="b", c="d\\"e"}') == (("__name__", "x"), ("a", "b"), ("c", 'd"e'))
     assert parse_labels("{}") == ()
-    assert go_e(0.8999999999999999) == "8.999999999999999E-01"
-    assert go_e(1e308) == "1E+308"
-    assert go_e(math.inf) == "+Inf"
+    assert format_float(0.8999999999999999, "E") == "8.999999999999999E-01"
+    assert format_float(1e308, "E") == "1E+308"
+    assert format_float(math.inf, "E") == "+Inf"
 
 
 def test_passing_file(tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ from alert_rules.promql.parse import parse_expr
     "quantile_over_time(0.75, vllm:num_requests_running[1h]) < bool 256",
     "absent(up{job=\"vllm\"}) or vector(0) * time()",
     "-x offset 5m",
+    'count_values("v", x)',
+    'sum(rate(x[5m])) + label_replace(y, "a", "$1", "c", "(.*)")',
+    "max_over_time(x[5m:1m]) + rate(x[5m] @ start()) - stddev(x @ 100 offset 1m)",
+    "day_of_week() + round(x, 0.5) - timestamp(x) + sort(sgn(x))",
 ])
 def test_supported_expressions_pass(expr: str) -> None:
     """Every construct of the subset is accepted."""
@@ -26,10 +30,11 @@ def test_supported_expressions_pass(expr: str) -> None:
 
 
 @pytest.mark.parametrize(("expr", "construct", "offset"), [
-    ("count_values(\"v\", x)", "aggregation count_values", 0),
-    ("sum(rate(x[5m])) + label_replace(y, \"a\", \"b\", \"c\", \"d\")", "function label_replace()", 19),
-    ("max_over_time(x[5m:1m])", "subquery", 15),
-    ("x @ 100", "@ modifier", 2),
+    ("count_values(\"a-b\", x)", "aggregation count_values", 0),
+    ("sum(rate(x[5m])) + label_replace(y, \"a-b\", \"b\", \"c\", \"d\")", "function label_replace()", 19),
+    ("sum(x) + label_replace(y, \"a\", \"b\", \"c\", \"(\")", "function label_replace()", 9),
+    ("x @ -100", "@ modifier", 2),
+    ("sort_by_label(x, \"a\")", "function sort_by_label()", 0),
     ("rate(x[5m]", "syntax", None),
 ])
 def test_unsupported_expressions_name_construct_and_position(expr: str, construct: str,
