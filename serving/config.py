@@ -373,15 +373,33 @@ def _parse_flag_value(doc: FieldDoc, raw: str) -> Any:
     return raw
 
 
+CONFIG_FLAG_DEST = "cfg:"
+"""The argparse destination of a configuration key's flag is this prefix and the dotted key."""
+
+
+def section_summary(section: str) -> str:
+    """What a configuration section is for: the first line of its class's docstring, capitalised."""
+    summary = (SECTIONS[section].__doc__ or "").strip().splitlines()[0].split(": ", 1)[-1]
+    return summary[0].upper() + summary[1:]
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config`` and one ``--SECTION-KEY`` flag per configuration key."""
-    parser.add_argument("--config", metavar="FILE", help="TOML configuration file (see the README).")
-    group = parser.add_argument_group("configuration keys (each overrides the TOML file)")
-    for doc in all_field_docs():
-        group.add_argument(
-            doc.flag, dest=f"cfg:{doc.key}", metavar="VALUE", default=None,
-            help=f"{doc.doc} [{doc.key}, {doc.type_name}, default {doc.default!r}]".replace("%", "%%"),
-        )
+    """Add ``--config`` and one ``--SECTION-KEY`` flag per configuration key, in one help group per section.
+
+    :class:`serving.cli.Parser` leaves these flags out of the usage line (``[--SECTION-KEY VALUE]`` stands
+    for them); ``--help`` lists them by section.
+    """
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file. Every key is also a flag "
+                        "--SECTION-KEY (listed below by section, each overriding the file); the README's "
+                        "'Configuration reference' has them all with types and defaults.")
+    docs = all_field_docs()
+    for section in SECTIONS:
+        group = parser.add_argument_group(f"[{section}] keys", section_summary(section))
+        for doc in (d for d in docs if d.section == section):
+            group.add_argument(
+                doc.flag, dest=f"{CONFIG_FLAG_DEST}{doc.key}", metavar="VALUE", default=None,
+                help=f"{doc.doc} [{doc.key}, {doc.type_name}, default {doc.default!r}]".replace("%", "%%"),
+            )
 
 
 def settings_from_args(args: argparse.Namespace, shortcuts: dict[str, str] | None = None) -> Settings:
@@ -393,8 +411,8 @@ def settings_from_args(args: argparse.Namespace, shortcuts: dict[str, str] | Non
     docs = {doc.key: doc for doc in all_field_docs()}
     overrides: dict[str, str] = {}
     for dest, value in vars(args).items():
-        if dest.startswith("cfg:") and value is not None:
-            overrides[dest[4:]] = value
+        if dest.startswith(CONFIG_FLAG_DEST) and value is not None:
+            overrides[dest.removeprefix(CONFIG_FLAG_DEST)] = value
     for dest, key in (shortcuts or {}).items():
         value = getattr(args, dest, None)
         if value is not None:
@@ -420,6 +438,6 @@ def replace(settings: Settings, section: str, **changes: Any) -> Settings:
 
 
 __all__ = [
-    "SECTIONS", "ServeConfig", "Settings", "TracingConfig", "add_config_flags", "all_field_docs",
-    "build_settings", "defaults", "read_toml", "replace", "settings_from_args",
+    "CONFIG_FLAG_DEST", "SECTIONS", "ServeConfig", "Settings", "TracingConfig", "add_config_flags",
+    "all_field_docs", "build_settings", "defaults", "read_toml", "replace", "section_summary", "settings_from_args",
 ]

@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                    "comes back.")
     commands = parser.add_subparsers(dest="drill_command", metavar="SUBCOMMAND", required=True)
     kill = commands.add_parser("kill", help="SIGKILL the engine under load, restart it, measure the recovery.",
-                               description=KILL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               description=KILL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                               usage_flags=("--pid", "--match", "--sidecar", "--json"))
     which = kill.add_mutually_exclusive_group(required=True)
     which.add_argument("--pid", type=int, metavar="PID", help="The process to SIGKILL.")
     which.add_argument("--match", metavar="PATTERN", help="Regular expression matching exactly one command line.")
@@ -37,15 +38,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     kill.add_argument("--url", required=True, metavar="URL", help="Where the load goes (vLLM or the sidecar).")
     kill.add_argument("--model", required=True, metavar="M", help="The served model name.")
     kill.add_argument("--sidecar", metavar="URL", help="The sidecar to read restarts and alerts from (default --url).")
-    kill.add_argument("--health-path", default="/health", metavar="PATH",
+    load = kill.add_argument_group("the load and the waits")
+    load.add_argument("--health-path", default="/health", metavar="PATH",
                       help="Readiness path on --url (default /health; /readyz on the sidecar).")
-    kill.add_argument("--concurrency", type=int, default=2, metavar="C", help="Steady load (default 2).")
-    kill.add_argument("--max-tokens", type=int, default=32, metavar="T", help="max_tokens per request (default 32).")
-    kill.add_argument("--before", type=float, default=10.0, metavar="S", help="Seconds of load before the kill "
+    load.add_argument("--concurrency", type=int, default=2, metavar="C", help="Steady load (default 2).")
+    load.add_argument("--max-tokens", type=int, default=32, metavar="T", help="max_tokens per request (default 32).")
+    load.add_argument("--before", type=float, default=10.0, metavar="S", help="Seconds of load before the kill "
                       "(default 10).")
-    kill.add_argument("--after", type=float, default=10.0, metavar="S",
+    load.add_argument("--after", type=float, default=10.0, metavar="S",
                       help="Seconds of load after the first good token (default 10).")
-    kill.add_argument("--timeout", type=float, default=600.0, metavar="S",
+    load.add_argument("--timeout", type=float, default=600.0, metavar="S",
                       help="Seconds the engine may take to be ready again (default 600).")
     kill.add_argument("--json", action="store_true", help="Print one JSON object instead of lines.")
     kill.set_defaults(func=run_kill)

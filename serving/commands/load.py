@@ -30,6 +30,11 @@ from serving.loadtest.warmup import WarmupSpec, check_health_path, wait_healthy,
 DEFAULT_REQUESTS = 100
 DEFAULT_CONCURRENCY = 8
 SLO_SHORTCUTS = {"slo_latency_s": "rules.slo_latency_threshold_s", "slo_objective": "rules.slo_objective"}
+LOADTEST_STARTERS = ("--url", "--model", "--requests", "--duration", "--concurrency", "--rate", "--mix", "--report",
+                     "--json")
+"""The flags the usage line of ``loadtest`` shows; --help lists every one, by group."""
+WARMUP_STARTERS = ("--url", "--model", "--to-rps", "--json")
+"""The flags the usage line of ``warmup`` shows (and the required ones)."""
 
 LOADTEST_HELP = """Send a bounded load (--requests N, --duration S, or both: whichever ends first) to an
 OpenAI-compatible server, vLLM directly or through `inferwatch serve`, and report what the client saw:
@@ -110,7 +115,7 @@ def _add_slo(parser: argparse.ArgumentParser) -> None:
                        help="Share of good requests a step must reach (rules.slo_objective, default 0.999).")
 
 
-def _add_profile(parser: argparse.ArgumentParser) -> None:
+def _add_profile(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     what = parser.add_argument_group("what to send (one of --mix, --prompts, --replay, --preset)")
     what.add_argument("--prompt-tokens", type=int, default=32, metavar="P",
                       help="Prompt length in words, about one token each (default 32; usage gives the real count).")
@@ -119,46 +124,49 @@ def _add_profile(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--prompts", metavar="FILE",
                       help="JSONL: per line a string, {\"prompt\": ...} or {\"messages\": [...]} (+ max_tokens).")
     what.add_argument("--seed", type=int, default=0, help="Seed of the mix draw and of Poisson arrivals (default 0).")
+    return what
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `loadtest` and `warmup` commands."""
     raw = argparse.RawDescriptionHelpFormatter
     loadtest = subparsers.add_parser("loadtest", help="Measure a vLLM server (or the sidecar) under a bounded load.",
-                                     description=LOADTEST_HELP, formatter_class=raw)
+                                     description=LOADTEST_HELP, formatter_class=raw, usage_flags=LOADTEST_STARTERS)
     _add_target(loadtest, model_required=False)
     amount = loadtest.add_argument_group("how much, per step (at least one is used; both: whichever ends first)")
     amount.add_argument("--requests", type=int, metavar="N", help=f"Requests to send (default {DEFAULT_REQUESTS}).")
     amount.add_argument("--duration", "--step-duration", dest="duration", type=float, metavar="S",
                         help="Seconds to keep starting requests.")
-    pace = loadtest.add_mutually_exclusive_group()
+    how_fast = loadtest.add_argument_group("how fast (closed loop --concurrency, or open loop --rate)")
+    pace = how_fast.add_mutually_exclusive_group()
     pace.add_argument("--concurrency", type=_numbers(int), metavar="C[,C...]",
                       help=f"Requests in flight at all times, closed loop (default {DEFAULT_CONCURRENCY}); "
                       "a list runs one step each.")
     pace.add_argument("--rate", type=_numbers(float), metavar="R[,R...]",
                       help="Requests started per second, open loop; a list runs one step each.")
-    loadtest.add_argument("--arrivals", choices=ARRIVALS[:2], default="fixed",
+    how_fast.add_argument("--arrivals", choices=ARRIVALS[:2], default="fixed",
                           help="Open-loop schedule: fixed (request i at i/R s, default) or poisson.")
-    _add_profile(loadtest)
-    loadtest.add_argument("--replay", metavar="DIR",
-                          help="Replay the traffic of the sidecar's request-log archive in DIR (it holds what "
-                          "[logs] sampling kept).")
-    loadtest.add_argument("--replay-speed", type=float, default=1.0, metavar="X",
-                          help="Replay X times faster than recorded (default 1).")
-    loadtest.add_argument("--preset", choices=("long-context",),
-                          help="long-context: --requests (default 100) consecutive requests at the model's "
-                          "maximum context.")
-    loadtest.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
-                          help="Stream the answers (TTFT and inter-token gaps are measured only when streamed).")
-    loadtest.add_argument("--max-tokens", type=int, default=64, metavar="T",
-                          help="max_tokens per request (default 64).")
-    loadtest.add_argument("--ignore-eos", action="store_true",
-                          help="Ask vLLM to generate exactly max_tokens (ignore_eos, a vLLM extension).")
-    loadtest.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                          help="Seconds one request may take in all (default 60).")
-    loadtest.add_argument("--max-in-flight", type=int, default=256, metavar="N",
+    how_fast.add_argument("--max-in-flight", type=int, default=256, metavar="N",
                           help="With --rate: most requests in flight; later ones wait and count as late "
                           "(default 256).")
+    what = _add_profile(loadtest)
+    what.add_argument("--replay", metavar="DIR",
+                      help="Replay the traffic of the sidecar's request-log archive in DIR (it holds what "
+                      "[logs] sampling kept).")
+    what.add_argument("--replay-speed", type=float, default=1.0, metavar="X",
+                      help="Replay X times faster than recorded (default 1).")
+    what.add_argument("--preset", choices=("long-context",),
+                      help="long-context: --requests (default 100) consecutive requests at the model's "
+                      "maximum context.")
+    each = loadtest.add_argument_group("each request")
+    each.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                      help="Stream the answers (TTFT and inter-token gaps are measured only when streamed).")
+    each.add_argument("--max-tokens", type=int, default=64, metavar="T",
+                      help="max_tokens per request (default 64).")
+    each.add_argument("--ignore-eos", action="store_true",
+                      help="Ask vLLM to generate exactly max_tokens (ignore_eos, a vLLM extension).")
+    each.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                      help="Seconds one request may take in all (default 60).")
     retry = loadtest.add_argument_group("after a failed request (closed loop; an open loop keeps its schedule)")
     retry.add_argument("--retry-initial-ms", type=float, default=INITIAL_MS, metavar="MS",
                        help="A worker waits MS after a failed request before its next one, doubling with each "
@@ -192,7 +200,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     loadtest.set_defaults(func=run_loadtest)
 
     warmup = subparsers.add_parser("warmup", help="Warm a cold vLLM server until its TTFT has settled.",
-                                   description=WARMUP_HELP, formatter_class=raw)
+                                   description=WARMUP_HELP, formatter_class=raw, usage_flags=WARMUP_STARTERS)
     _add_target(warmup)
     warmup.add_argument("--max-requests", type=int, default=50, metavar="N",
                         help="Settle: most warm-up requests to send (default 50).")
