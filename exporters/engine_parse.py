@@ -60,7 +60,7 @@ def _read(
 ) -> EngineSnapshot:
     known = _names(specs)
     blocks, errors = split_families(text)
-    values: dict[tuple[str, str], dict[str, float]] = {}
+    values: dict[tuple[str, str], dict[str, Any]] = {}  # EngineSeries' float fields by name
     malformed: list[str] = []
     families = 0
     for name, lines in blocks:

@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from exporters.catalog import engines as ce
+from exporters.catalog.spec import MetricSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +93,11 @@ class OllamaCollector(Collector):
             if size is not None:
                 sizes.add_metric([snap.upstream, name], size)
         yield sizes
-        for spec, value_of in (
+        readings: tuple[tuple[MetricSpec, Callable[[LoadedModel], float | None]], ...] = (
             (ce.OLLAMA_LOADED_BYTES, lambda m: m.size_bytes), (ce.OLLAMA_LOADED_VRAM_BYTES, lambda m: m.vram_bytes),
             (ce.OLLAMA_LOADED_EXPIRES, lambda m: m.expires_unix),
-        ):
+        )
+        for spec, value_of in readings:
             family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
             for model in snap.loaded:
                 value = value_of(model)

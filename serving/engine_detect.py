@@ -104,7 +104,7 @@ def engine_detect_ctx(
         app[ENGINE_DETECTOR] = detector
 
         async def keep_probing() -> None:
-            while await detector.probe(session()) is None:
+            while await detector.probe(session()) is None:  # noqa: ASYNC110 - no event tells the upstream's engine: probe until known
                 await asyncio.sleep(retry_s)
 
         task = None

@@ -76,7 +76,7 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, str, dict[str, Any] | st
 
 def send_requests(sidecar: str, model: str) -> list[tuple[str, str, int]]:
     """Send a small mix of requests through the sidecar; return (what, trace id, status) per request."""
-    requests = [
+    requests: list[tuple[str, str, dict[str, Any]]] = [
         ("completion", "/v1/completions", {"model": model, "prompt": "The cache is", "max_tokens": 16}),
         ("chat, streamed", "/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": "Say something"}],
