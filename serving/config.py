@@ -47,7 +47,7 @@ def _udp_address(value: Any) -> str | None:
 
 
 def _cron(value: Any) -> str | None:
-    from serving.showback.schedule import cron_trigger  # apscheduler, only when a schedule is given
+    from serving.background import cron_trigger  # apscheduler, only when a schedule is given
 
     if value == "":
         return None

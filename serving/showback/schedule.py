@@ -9,7 +9,6 @@ next one runs as scheduled.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -17,36 +16,13 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.cron import CronTrigger
 
 from exporters.usage_ledger import UsageLedger
+from serving.background import PeriodicJobs, cron_trigger
 from serving.config import ServeConfig
 from serving.showback.report import build_report, write_report
 
 log = structlog.get_logger(__name__)
-_FIELDS = ("second", "minute", "hour", "day", "month", "day_of_week")
-_CRON_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
-_WEEKDAY_NUMBER = re.compile(r"(?<![/\d])[0-7](?!\d)")
-"""A weekday number, not a step (``*/2``)."""
-
-
-def cron_trigger(expression: str) -> CronTrigger:
-    """A crontab expression (minute hour day month weekday), or six fields with seconds first, in UTC.
-
-    Weekday numbers are cron's (0 or 7 Sunday, 1 Monday): apscheduler 3 reads numbers from Monday = 0,
-    so ``from_crontab("0 9 * * 1")`` would fire on Tuesdays; they are turned into names first.
-
-    Raises:
-        ValueError: not 5 or 6 fields, or a field apscheduler refuses.
-    """
-    parts = expression.split()
-    if len(parts) not in (5, 6):
-        raise ValueError(f"{len(parts)} fields")
-    if len(parts) == 5:
-        parts.insert(0, "0")
-    parts[5] = _WEEKDAY_NUMBER.sub(lambda match: _CRON_WEEKDAYS[int(match.group(0))], parts[5])
-    return CronTrigger(**dict(zip(_FIELDS, parts, strict=True)), timezone=UTC)
 
 
 def write_scheduled_report(ledger: UsageLedger, directory: Path, period_s: float, currency: str,
@@ -75,10 +51,10 @@ def showback_schedule_ctx(serve: ServeConfig, currency: str, ledger: UsageLedger
         log.info("showback_report_written", directory=str(target))
 
     async def ctx(_app: web.Application) -> AsyncIterator[None]:
-        scheduler = AsyncIOScheduler(timezone=UTC)
-        scheduler.add_job(run, cron_trigger(serve.showback_schedule), id="showback", max_instances=1, coalesce=True)
-        scheduler.start()
+        jobs = PeriodicJobs()
+        jobs.on(cron_trigger(serve.showback_schedule), run, name="showback")
+        jobs.start()
         yield
-        scheduler.shutdown(wait=False)
+        jobs.stop()
 
     return ctx

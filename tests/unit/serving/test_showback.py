@@ -16,10 +16,11 @@ from exporters.cost import CostConfig
 from exporters.errors import ConfigError
 from exporters.records import RequestRecord
 from exporters.usage_ledger import Usage, UsageLedger
+from serving.background import cron_trigger
 from serving.commands.showback import parse_time
 from serving.config import ServeConfig
 from serving.showback.report import build_report, to_csv, write_report
-from serving.showback.schedule import cron_trigger, write_scheduled_report
+from serving.showback.schedule import write_scheduled_report
 from serving.tenancy import Tenancy, load_key_map
 
 KEY = "sk-" + "k" * 40
