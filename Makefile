@@ -95,4 +95,4 @@ compose-test: venv
 	$(PY) deploy/compose/compose_test.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache demo-out
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache demo-out
