@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from alert_rules.promql import functions as fn
-from alert_rules.promql import relabel, topk
+from alert_rules.promql import gomath, relabel, topk
 from alert_rules.promql.ast import (
     Aggregate,
     At,
@@ -100,17 +100,6 @@ def _go_mod(a: float, b: float) -> float:
     return math.fmod(a, b)
 
 
-def _go_pow(a: float, b: float) -> float:
-    try:
-        return math.pow(a, b)
-    except OverflowError:
-        return math.inf if a > 0 or (float(b).is_integer() and int(b) % 2 == 0) else -math.inf
-    except ValueError:
-        if a == 0 and b < 0:
-            return math.inf
-        return math.nan
-
-
 def _go_div(a: float, b: float) -> float:
     try:
         return a / b
@@ -147,9 +136,9 @@ def arith(op: str, a: float, b: float) -> tuple[float, bool]:
     if op == "%":
         return _go_mod(a, b), True
     if op == "^":
-        return _go_pow(a, b), True
+        return gomath.pow(a, b), True
     if op == "atan2":
-        return math.atan2(a, b), True
+        return gomath.atan2(a, b), True
     if op == "==":
         return a, a == b
     if op == "!=":
@@ -169,31 +158,15 @@ _SIMPLE: dict[str, Callable[[float], float]] = {
     "abs": abs, "ceil": lambda v: float(math.ceil(v)) if math.isfinite(v) else v,
     "floor": lambda v: float(math.floor(v)) if math.isfinite(v) else v,
     "sqrt": lambda v: math.sqrt(v) if v >= 0 else math.nan,
-    "exp": lambda v: math.exp(v) if v < 709.8 else math.inf,
-    "ln": lambda v: math.log(v) if v > 0 else (-math.inf if v == 0 else math.nan),
-    "log2": lambda v: math.log2(v) if v > 0 else (-math.inf if v == 0 else math.nan),
-    "log10": lambda v: math.log10(v) if v > 0 else (-math.inf if v == 0 else math.nan),
+    "exp": gomath.exp, "ln": gomath.log, "log2": gomath.log2, "log10": gomath.log10,
     "sgn": lambda v: -1.0 if v < 0 else (1.0 if v > 0 else v),
     "deg": lambda v: v * 180 / math.pi, "rad": lambda v: v * math.pi / 180,
-    "sin": lambda v: math.sin(v) if math.isfinite(v) else math.nan,
-    "cos": lambda v: math.cos(v) if math.isfinite(v) else math.nan,
-    "tan": lambda v: math.tan(v) if math.isfinite(v) else math.nan,
-    "asin": lambda v: math.asin(v) if -1 <= v <= 1 else math.nan,
-    "acos": lambda v: math.acos(v) if -1 <= v <= 1 else math.nan,
-    "atan": math.atan, "sinh": lambda v: _overflowing(math.sinh, v),
-    "cosh": lambda v: _overflowing(math.cosh, v), "tanh": math.tanh, "asinh": math.asinh,
-    "acosh": lambda v: math.acosh(v) if v >= 1 else math.nan,
-    "atanh": lambda v: math.atanh(v) if -1 < v < 1 else (math.copysign(math.inf, v) if abs(v) == 1 else math.nan),
+    "sin": gomath.sin, "cos": gomath.cos, "tan": gomath.tan, "asin": gomath.asin, "acos": gomath.acos,
+    "atan": gomath.atan, "sinh": gomath.sinh, "cosh": gomath.cosh, "tanh": gomath.tanh, "asinh": gomath.asinh,
+    "acosh": gomath.acosh, "atanh": gomath.atanh,
 }
 KEEP_NAME = frozenset({"last_over_time", "sort", "sort_desc", "label_replace", "label_join"})
 """Functions whose result keeps the input's metric name (every other one drops it)."""
-
-
-def _overflowing(func: Callable[[float], float], v: float) -> float:
-    try:
-        return func(v)
-    except OverflowError:
-        return math.copysign(math.inf, v) if func is math.sinh else math.inf
 
 
 class Evaluator:
@@ -476,7 +449,7 @@ class Evaluator:
             return self.count_values(node, node.param.value, vec)
         if op in ("stddev", "stdvar"):
             return self.deviation(op, vec, keys, key_of)
-        groups: dict[Labels, list] = {}
+        groups: dict[Labels, list[Any]] = {}
         for labels, value in vec:
             key = keys.get(labels)
             if key is None:

@@ -120,10 +120,10 @@ class _Converter:
         if isinstance(expr, pp.SubqueryExpr):
             return self.subquery(expr)
         if isinstance(expr, pp.UnaryExpr):
-            inner = self.node(expr.expr)
-            if isinstance(inner, Number):
-                return Number(-inner.value)
-            return Negate(inner, kind=inner.kind)
+            operand = self.node(expr.expr)
+            if isinstance(operand, Number):
+                return Number(-operand.value)
+            return Negate(operand, kind=operand.kind)
         if isinstance(expr, pp.Call):
             return self.call(expr)
         if isinstance(expr, pp.AggregateExpr):
@@ -156,7 +156,7 @@ class _Converter:
                               r"\[[^\]]*:[^\]]*\]")
         step = _ms(expr.step) if expr.step is not None else 0
         offset = _ms(expr.offset) if expr.offset is not None else 0
-        return Subquery(inner, _ms(expr.range), step, offset, self.at(expr.at))
+        return Subquery(inner, _ms(expr.range) if expr.range is not None else 0, step, offset, self.at(expr.at))
 
     def selector(self, sel: pp.VectorSelector, at: object, offset_delta: timedelta | None) -> Selector:
         if sel.matchers.or_matchers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from alert_rules.promql.ast import Node, Number, RangeSelector, Selector
 
@@ -73,7 +74,7 @@ def _is_node(value: object) -> bool:
 
 
 def _intern(node: Node, canonical: dict[Node, Node], uses: Counter[int]) -> Node:
-    changes = {}
+    changes: dict[str, Any] = {}
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if isinstance(value, tuple) and any(_is_node(v) for v in value):

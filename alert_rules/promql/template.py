@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from alert_rules.promql.gofloat import format_float
 from exporters.errors import InferwatchError
@@ -174,7 +175,7 @@ def _first(result: object) -> Sample:
         raise TemplateError(f"first() needs a query result, got {go_value(result)!r}")
     if not result:
         raise TemplateError("first() called on vector with no elements")
-    return result[0]
+    return cast(Sample, result[0])
 
 
 def _sample(value: object, where: str) -> Sample:
@@ -191,7 +192,7 @@ def _sort_by_label(name: object, result: object) -> list[Sample]:
 
 def _greater(a: object, b: object) -> bool:
     """Go's ``gt`` on two numbers of one kind (``gt $value 8.0``; an int against a float is an error there)."""
-    if type(a) is not type(b) or not isinstance(a, int | float):
+    if type(a) is not type(b) or not isinstance(a, int | float) or not isinstance(b, int | float):
         raise TemplateError(f"incompatible types for comparison: {go_value(a)} and {go_value(b)}")
     return a > b
 
@@ -209,7 +210,7 @@ FUNCTIONS: dict[str, Callable[..., object]] = {
     "label": lambda name, s: _sample(s, "label").labels.get(str(name), ""),
     "sortByLabel": _sort_by_label,
     "gt": _greater,
-    "query": None,  # type: ignore[dict-item]  (needs the evaluator: see _call)
+    "query": None,  # type: ignore[dict-item]  # needs the evaluator: see _call
 }
 ARITY = {"printf": None, "label": 2, "sortByLabel": 2, "gt": 2}
 """How many arguments each function takes (None: any number, at least one); the others take one."""

@@ -75,7 +75,7 @@ CONSTRUCTS: dict[str, list[str]] = {
     "math": ["sgn(g)", "deg(g)", "rad(g)", "pi() * g", "sin(g)", "cos(g)", "tan(g)", "asin(g / 8)",
              "acos(g / 8)", "atan(g)", "sinh(g)", "cosh(g)", "tanh(g)", "asinh(g)", "acosh(g + 9)",
              "atanh(g / 9)", "ln(c)", "log2(c)", "log10(c)", "exp(g)", "sqrt(c)", "abs(g) ^ 0.5",
-             "g atan2 c"],
+             "g atan2 c", "g ^ 3", "abs(g) ^ 1.7", "c ^ -2", "g ^ N", "exp(g * 20)", "ln(c * 1e-300)"],
     "over_time": ["stddev_over_time(g[R])", "stdvar_over_time(c[R])", "sum_over_time(g[R])",
                   "avg_over_time(g[R])", "quantile_over_time(Q, g[R])"],
     "sort": ["sort(g)", "sort_desc(c)"],
@@ -110,7 +110,7 @@ def series_sets(draw: st.DrawFn) -> list[dict[str, str]]:
             else:
                 value += draw(st.floats(0, 7, width=32))
             counter.append(repr(float(value)))
-        gauge = [draw(_value()) for _ in range(POINTS - n)]
+        gauge = [repr(draw(st.floats(-10, 10, width=32)))] + [draw(_value()) for _ in range(POINTS - n - 1)]
         out.append({"series": f"c{{{labels}}}", "values": " ".join(["_"] * n + counter)})
         out.append({"series": f"g{{{labels}}}", "values": " ".join(["_"] * n + gauge)})
     buckets = []
