@@ -230,7 +230,7 @@ def promtool_groups(draw: st.DrawFn, count: int = 4) -> list[dict[str, object]]:
 
 
 # No shrinking: promtool's report already names each failing expression, its time and both results.
-@settings(max_examples=12, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+@settings(max_examples=40, deadline=None, phases=(Phase.explicit, Phase.reuse, Phase.generate),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
 @given(groups=promtool_groups())
