@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from alert_rules import cutover, intervene, slo
+from alert_rules import cutover, intervene, slo, tenant_slo
 from alert_rules.annotate import annotate
 from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, RuleGroup
@@ -35,7 +35,7 @@ def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LE
             evaluator cannot run (``UnsupportedExpression`` is a ValueError with the construct).
     """
     groups = annotate(config, (*slo.rule_groups(config), *intervene.rule_groups(config, tuple(length_edges)),
-                               *cutover.rule_groups(config)))
+                               *cutover.rule_groups(config), *tenant_slo.rule_groups(config)))
     names = [a.name for g in groups for a in g.alerts()]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -3,16 +3,17 @@
 Labels are bounded: ``tenant`` holds at most ``serve.max_tenants`` names plus ``other`` and
 ``unknown`` (exporters/tenants.py), ``pool`` three values, ``outcome`` six. At the cap, per model:
 66 tenants x 3 pools x 6 outcomes = 1,188 series per counter family, where all of them carry
-traffic; the latency histogram is 66 tenants x 10 samples (8 buckets, sum, count) = 660 series.
+traffic; the latency histogram is 66 tenants x 13 samples (10 bounds, +Inf, sum, count) = 858 series.
 """
 
 from __future__ import annotations
 
-from exporters.catalog.spec import MetricSpec, MetricType
+from exporters.catalog.spec import MetricSpec, MetricType, Source
 
 USAGE_LABELS = ("tenant", "model_name", "pool", "outcome")
-TENANT_LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-"""Includes the latency SLO's threshold (rules.slo_latency_threshold_s, 10 s by default) as a bound."""
+TENANT_LATENCY_BUCKETS = (0.5, 1.0, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0)
+"""Bounds of vLLM's own request-latency buckets; the per-tenant latency SLO's threshold
+(rules.slo_latency_threshold_s, 10 s by default) must be one of them."""
 
 USAGE_REQUESTS = MetricSpec(
     "inferwatch_usage_requests", MetricType.COUNTER,
@@ -74,8 +75,31 @@ ENGINE_BUSY_SECONDS = MetricSpec(
     "basis=engine add up to.", (), "seconds",
 )
 
+TENANT_SLO_LABELS = ("tenant", "model_name", "slo")
+TENANT_SLO_EVENTS = MetricSpec(
+    "inferwatch:tenant_slo_events:sum", MetricType.GAUGE,
+    "Every event a per-tenant SLO counts (a sum of counters), per tenant, model and slo.", TENANT_SLO_LABELS,
+    source=Source.RECORDING,
+)
+TENANT_SLO_BAD_EVENTS = MetricSpec(
+    "inferwatch:tenant_slo_bad_events:sum", MetricType.GAUGE,
+    "The events that miss a per-tenant SLO (a sum of counters), per tenant, model and slo.", TENANT_SLO_LABELS,
+    source=Source.RECORDING,
+)
+
+
+def tenant_slo_error_ratio(window: str) -> str:
+    """Name of the recorded per-tenant SLO error ratio over ``window`` (a Prometheus duration such as ``3d``)."""
+    return f"inferwatch:tenant_slo_error:ratio_rate{window}"
+
+
+def tenant_slo_events_increase(window: str) -> str:
+    """Name of the recorded count of a per-tenant SLO's events over ``window``."""
+    return f"inferwatch:tenant_slo_events:increase{window}"
+
+
 SPECS = (
     USAGE_REQUESTS, USAGE_PROMPT_TOKENS, USAGE_COMPLETION_TOKENS, USAGE_CACHED_PROMPT_TOKENS, USAGE_GPU_SECONDS,
     USAGE_COST, USAGE_PREFIX_CACHE_SAVED_COST, USAGE_REPEAT_REQUESTS, USAGE_REPEAT_SAVED_TOKENS,
-    USAGE_REPEAT_FORGOTTEN, TENANT_LATENCY_SECONDS, ENGINE_BUSY_SECONDS,
+    USAGE_REPEAT_FORGOTTEN, TENANT_LATENCY_SECONDS, ENGINE_BUSY_SECONDS, TENANT_SLO_EVENTS, TENANT_SLO_BAD_EVENTS,
 )

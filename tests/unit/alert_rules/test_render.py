@@ -43,7 +43,8 @@ def _names(node: object) -> Iterator[str]:
 def test_rule_groups_is_a_prometheus_rule_file_structure() -> None:
     """The interface dict has groups with name, interval and rules of record or alert shape."""
     data = render.rule_groups(RulesConfig(), EDGES)
-    assert [g["name"] for g in data["groups"]] == ["inferwatch-slo", "inferwatch-intervene", "inferwatch-cutover"]
+    assert [g["name"] for g in data["groups"]] == ["inferwatch-slo", "inferwatch-intervene", "inferwatch-cutover",
+                                                 "inferwatch-tenant-slo"]
     for group in data["groups"]:
         assert group["interval"] == "15s"
         for rule in group["rules"]:
