@@ -21,7 +21,7 @@ from alert_rules import slo as slo_rules
 from alert_rules.config import RulesConfig
 from alert_rules.spec import any_of, duration, number
 from alert_rules.windows import windows_used
-from exporters.catalog import cutover, engine, gpu, pipeline, process, request, rules, vllm
+from exporters.catalog import cutover, engine, gpu, pipeline, process, request, rules, upstreams, vllm
 from exporters.catalog import prometheus as external
 from exporters.catalog.spec import MetricSpec, Source
 
@@ -249,6 +249,39 @@ def tokenizer_fingerprints() -> Query:
     """The tokenizer fingerprint of each upstream and model, per replica."""
     return Query(by("instance, upstream, model_name, fingerprint", sel(cutover.UPSTREAM_TOKENIZER), "max"), "",
                  instant=True, table=True)
+
+
+# Upstream choice: the canary against the primary, shadow traffic (serving/upstream_choice.py).
+
+
+def p99_by_role(spec: MetricSpec) -> Query:
+    """p99 of a request latency histogram per model and role (primary, canary), on the same window."""
+    return Query(quantile(0.99, spec, "model_name, role"), "p99 {{role}} {{model_name}}", exemplar=True)
+
+
+def shadow_results() -> list[Query]:
+    """Shadowed requests per second by result (match, mismatch, not_compared), and dropped copies by reason."""
+    return [Query(by("model_name, result", rate(upstreams.SHADOW_REQUESTS)), "{{result}} {{model_name}}"),
+            Query(by("model_name, reason", rate(upstreams.SHADOW_DROPPED)), "dropped {{reason}} {{model_name}}")]
+
+
+def shadow_match_rate() -> Query:
+    """Share of the compared shadowed requests whose outputs matched."""
+    match = by("model_name", rate(upstreams.SHADOW_REQUESTS, 'result="match"'))
+    compared = by("model_name", rate(upstreams.SHADOW_REQUESTS, 'result=~"match|mismatch"'))
+    return Query(f"({match} or ({compared} * 0)) / {compared}", "{{model_name}}")
+
+
+def shadow_p99_by_side() -> Query:
+    """p99 end-to-end latency of the shadowed requests on each side (primary, shadow)."""
+    return Query(quantile(0.99, upstreams.SHADOW_E2E_SECONDS, "model_name, side"), "p99 {{side}} {{model_name}}")
+
+
+def shadow_error_ratio_by_side() -> Query:
+    """Share of the shadowed requests that failed on each side."""
+    bad = by("model_name, side", rate(upstreams.SHADOW_OUTCOMES, f'outcome=~"{error_outcome_regex()}"'))
+    every = by("model_name, side", rate(upstreams.SHADOW_OUTCOMES))
+    return Query(f"({bad} or ({every} * 0)) / {every}", "{{side}} {{model_name}}")
 
 
 # Per-instance breakdown: which replica is the bad one.

@@ -10,6 +10,7 @@ from dashboards import queries as q
 from dashboards.board import dashboard
 from dashboards.config import DashboardConfig
 from dashboards.panels import Row, Spec, stat, table, timeseries
+from exporters.catalog import request
 
 TITLE = "LLM serving — SLOs and traffic"
 
@@ -94,6 +95,29 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         table("Tokenizer fingerprints", "The fingerprint of each upstream's tokenizer per model (a hash of its "
               "/tokenize over a fixed probe set, taken when it becomes ready); two under one model name: "
               "InferwatchTokenizerChanged.", "none", q.tokenizer_fingerprints(), width=8),
+        Row("Canary against primary"),
+        timeseries("Error ratio by role", "Share of requests that failed on the canary (serve.canary_upstream) and "
+                   "on the primary, on the same window; the dashed lines are the canary breaker's degrade and "
+                   "rollback levels (InferwatchCanaryDegrade, InferwatchCanaryRollback: the canary worse than the "
+                   "primary).", "percentunit", q.error_ratio("model_name, role", "{{role}} {{model_name}}"), width=8,
+                   thresholds=[("green", None), ("orange", rules.degrade_error_ratio),
+                               ("red", rules.rollback_error_ratio)], lines=True, min_value=0),
+        timeseries("TTFT p99 by role", "p99 time to first token of the canary and of the primary; exemplars link "
+                   "to traces.", "s", q.p99_by_role(request.TIME_TO_FIRST_TOKEN_SECONDS), width=8),
+        timeseries("End-to-end p99 by role", "p99 end-to-end latency of the canary and of the primary; the dashed "
+                   "line is the canary breaker's degrade p99.", "s", q.p99_by_role(request.E2E_LATENCY_SECONDS),
+                   width=8, thresholds=[("green", None), ("orange", rules.degrade_p99_s)], lines=True),
+        Row("Shadow traffic"),
+        timeseries("Shadowed requests by result", "Requests copied to the shadow (serve.shadow_upstream) per "
+                   "second: match, mismatch, not_compared (streamed), and copies dropped (full, slow, down).",
+                   "reqps", q.shadow_results(), width=6, stacked=True),
+        timeseries("Shadow match rate", "Share of the compared shadowed requests whose outputs matched (greedy: the "
+                   "same text; otherwise a token edit distance of 0).", "percentunit", q.shadow_match_rate(),
+                   width=6, min_value=0, max_value=1),
+        timeseries("Shadow p99 by side", "p99 end-to-end latency of the same shadowed requests on the primary and "
+                   "on the shadow.", "s", q.shadow_p99_by_side(), width=6),
+        timeseries("Shadow error ratio by side", "Share of the shadowed requests that failed on each side.",
+                   "percentunit", q.shadow_error_ratio_by_side(), width=6, min_value=0),
         Row("Alerts"),
         timeseries("Alerts by state", "Pending and firing alerts over time (a 0 line while none is; no data "
                    "when Prometheus reports no rule groups).", "short",

@@ -282,3 +282,23 @@ async def test_a_shadow_that_is_down_is_dropped_and_counted(
         records = [await record_of(sidecar.logs, a.headers["x-trace-id"]) for a in answers]
         assert [r and r["shadow_result"] for r in records] == ["dropped_down"] * 3
         assert _count(sidecar.registry, "inferwatch_shadow_dropped_total", reason="down") == 3
+
+
+async def test_lane_and_role_take_three_label_pairs_at_most(
+    primary: tuple[FakeOpenAI, ThreadedServer], second: tuple[FaultyUpstream, ThreadedServer], tmp_path: Path,
+) -> None:
+    """With a long lane and a canary, the request families carry (default, primary), (long, primary) and
+    (default, canary) only: a canary client's long prompt stays on the canary, so the label budget grows by
+    three times at most (README, "Long prompts in their own lane")."""
+    (_main_fake, main), (_other_fake, other) = primary, second
+    with ThreadedServer(FakeOpenAI().app) as canary:
+        async with _sidecar(main.url, tmp_path / "logs", long_prompt_upstream=other.url, long_prompt_tokens=50,
+                            canary_upstream=canary.url, canary_weight=0.5) as sidecar:
+            for client in range(12):
+                for prompt in (LONG_PROMPT, SHORT_PROMPT):
+                    answer = await send(sidecar, None, stream=False, prompt=prompt,
+                                        headers={"x-client-id": f"client-{client}"})
+                    assert answer.status == 200
+            pairs = {(labels["lane"], labels["role"]) for labels, value in
+                     _samples(sidecar.registry, "inferwatch_e2e_request_latency_seconds_count") if value}
+    assert pairs == {("default", "primary"), ("long", "primary"), ("default", "canary")}
