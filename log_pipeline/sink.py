@@ -34,11 +34,13 @@ from log_pipeline.metrics import (
     PipelineMetrics,
 )
 from log_pipeline.records import event_from_record, is_slow, level_of, milliseconds
-from log_pipeline.sampling import SAMPLED, Decision, Sampler, classify_fields
+from log_pipeline.sampling import ERROR, SAMPLED, Decision, Sampler, classify_fields
 from log_pipeline.worker import stop_worker
 
 log = structlog.get_logger(__name__)
 _SHADOW_SAMPLE = Decision(True, SAMPLED)
+_WRONG_MODEL = Decision(True, ERROR)
+"""A wrong-model request is kept as an error: its client got an answer from another model than it asked for."""
 _STOP: Any = object()
 _DRAIN = 512  # records taken from the queue per wake-up before the writer checks its clocks
 
@@ -98,6 +100,8 @@ class RecordSink:
             milliseconds(record.e2e_s) if slow_after_ms > 0 else None, slow_after_ms=slow_after_ms,
         )
         decision = self.sampler.decide(record.trace_id, is_error=is_error, slow=slow)
+        if not decision.keep and record.wrong_model is not None:
+            return _WRONG_MODEL  # every one kept: the stale clients are found by the records' client key
         if not decision.keep and record.shadow_result is not None:
             return _SHADOW_SAMPLE  # a shadow comparison is a sample already (serve.shadow_ratio): kept for its report
         return decision

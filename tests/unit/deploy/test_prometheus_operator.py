@@ -156,8 +156,8 @@ def test_objects_match_their_golden_files(tmp_path: Path) -> None:
     assert main(["rules", "build", "--format", "prometheus-operator", "--config", str(config),
                  "--out", str(tmp_path / "out")]) == 0
     written = sorted((tmp_path / "out" / "prometheus-operator").glob("*.yaml"))
-    assert [p.name for p in written] == ["alertmanagerconfig.yaml", "prometheusrule-intervene.yaml",
-                                          "prometheusrule-slo.yaml"]
+    assert [p.name for p in written] == ["alertmanagerconfig.yaml", "prometheusrule-cutover.yaml",
+                                          "prometheusrule-intervene.yaml", "prometheusrule-slo.yaml"]
     for path in written:
         assert_golden(f"prometheus-operator/{path.name}", path.read_text())
 

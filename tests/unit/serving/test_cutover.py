@@ -64,3 +64,25 @@ def test_nfc_normalization_leaves_emoji_alone() -> None:
     payload = {"prompt": EMOJI_16 + "\U0001f468\u200d\U0001f469\u200d\U0001f467\U0001f44d\U0001f3fd"}
     assert unicodedata.is_normalized("NFC", payload["prompt"])
     assert not normalize_prompt_text(payload)
+
+
+async def test_every_wrong_model_request_keeps_its_record_with_the_client(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Clients, tmp_path: Any,
+) -> None:
+    """With no success sampled, the wrong-model request's record is still archived, naming its client."""
+    from log_pipeline.query import Archive
+
+    upstream = await aiohttp_server(FakeOpenAI(model_name="m").app())
+    settings = cfg.replace(cfg.defaults(), "serve", upstream=str(upstream.make_url("")).rstrip("/"),
+                           retired_models=["m-old"])
+    settings = cfg.replace(settings, "logs", dir=str(tmp_path), success_sample_ratio=0.0, frame_max_ms=1.0)
+    app = build_app(settings, CollectorRegistry())
+    client = await aiohttp_client(app)
+    ok = await client.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1})
+    stale = await client.post("/v1/completions", json={"model": "m-old", "prompt": "x", "max_tokens": 1},
+                              headers={"User-Agent": "old-sdk/0.9"})
+    traces = ok.headers["x-trace-id"], stale.headers["x-trace-id"]
+    await client.close()  # the sink flushes at shutdown
+    kept = {r["trace_id"]: r for r in Archive(tmp_path).records()}
+    assert traces[0] not in kept
+    assert (kept[traces[1]]["wrong_model"], kept[traces[1]]["client"]) == ("retired_model", "old-sdk/0.9")
