@@ -19,6 +19,7 @@ from alert_rules.render import rule_groups
 from alert_rules.store import SeriesStore
 from exporters.catalog.engines import Engine
 from exporters.cold_start import ColdStartTracker
+from exporters.fast_retries import FastRetryCounter
 from exporters.genai_metrics import GenAiServerMetrics
 from exporters.inflight import InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
@@ -183,6 +184,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         usage.observe(record)  # tenant, cost pool, GPU-seconds, cost, repeats: exporters/usage.py
 
     observers.append(observe_usage)
+    fast_retries = FastRetryCounter(registry, settings.serve.fast_retry_window_ms / 1000)
+    observers.append(lambda record, _span: fast_retries.observe(record))  # same request again too soon
 
     proxy = _proxy(app, settings, observers, degraded_models, on_normalized=metrics.normalized.inc,
                    finish_with_engine_stats=engine_stats.finish if engine_stats is not None else None)
@@ -217,6 +220,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         settings, registry, session, app[INFLIGHT], readiness=lambda: readiness.last_ok,
         readiness_lost=lambda: readiness.lost,
         engine_step=engine_stats.current_step if engine_stats is not None else None,
+        engine_steps=engine_stats.steps.since if engine_stats is not None else None,
         engine=lambda: detector.engine, on_exposition=detector.note_exposition,
     ))
     app.cleanup_ctx.append(ollama_watch_ctx(

@@ -12,7 +12,7 @@ from exporters.errors import ConfigError, InferwatchError
 from serving.config import CONFIG_FLAG_DEST
 
 COMMAND_MODULES = ("serve", "metrics", "gpu", "rules", "dashboards", "logs", "load", "drill", "explain",
-                   "showback", "tokenizer", "shadow")
+                   "showback", "tokenizer", "shadow", "prelaunch")
 
 EPILOG = """exit codes: 0 success, 1 a check failed or nothing was found, 2 bad usage or configuration.
 Every configuration key can be set in a TOML file (--config) or by its own flag; see the README."""

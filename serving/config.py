@@ -146,6 +146,10 @@ class ServeConfig:
         "", "File holding the bearer token of the admin endpoints (/admin/*) for non-loopback clients, at least "
         "16 bytes (surrounding whitespace stripped); empty = admin endpoints answer loopback clients only.",
     )
+    fast_retry_window_ms: float = setting(
+        500.0, "A request the same client sends again (same model and prompt) less than this many milliseconds "
+        "after the previous one ended counts in inferwatch_fast_retries_total.", check=positive,
+    )
     length_bucket_edges: list[int] = setting(
         list(DEFAULT_LENGTH_EDGES), "Prompt-token edges of the length buckets (the label length_bucket); each edge "
         "is the inclusive upper end of its bucket (512 tokens is le512, 513 is 512-4k). Every bucket multiplies the "

@@ -62,6 +62,10 @@ class EngineSteps:
         """Note a step that just arrived."""
         self._steps.append((time.time(), step))
 
+    def since(self, start_unix: float) -> list[EngineStepStats]:
+        """The steps that arrived after ``start_unix``, oldest first."""
+        return [step for t, step in self._steps if t > start_unix]
+
     def between(self, start_unix: float, end_unix: float) -> list[EngineStepStats] | None:
         """The steps in ``[start, end]`` and the one before (the state at the start); None when no kept step
         came before ``end`` (the steps may begin after ``start``: a sidecar that started meanwhile)."""

@@ -86,6 +86,7 @@ class EngineWatch:
         engine_step: Callable[[], EngineStepStats | None] | None = None,
         engine: Callable[[], str | None] | None = None,
         on_exposition: Callable[[str], None] | None = None,
+        engine_steps: Callable[[float], list[EngineStepStats]] | None = None,
     ) -> None:
         """``engine``: the engine behind the upstream (serving/engine_detect.py; None while unknown), which picks
         how /metrics is read (Ollama has none: no scrape); ``on_exposition`` hears each scraped text.
@@ -118,6 +119,9 @@ class EngineWatch:
         self._consecutive_failures = 0
         self._parse_errors = 0
         self._batch = SampledHistogram(ce.ENGINE_BATCH_REQUESTS.buckets or (1,))
+        self._engine_steps = engine_steps
+        """The plugin's scheduler states since a time (serve.engine_stats_listen): the exact running batch."""
+        self._batch_since = time.time()
         self._previous: tuple[dict[str, float], dict[str, float | None]] | None = None
         self._jobs: PeriodicJobs | None = None
 
@@ -219,9 +223,7 @@ class EngineWatch:
         snapshot = parse_engine_exposition(text, self._engine())
         self._parse_errors += snapshot.parse_errors
         views = derive.model_views(snapshot)
-        for view in views:
-            if view.running is not None:
-                self._batch.observe(view.model, view.running)
+        self._observe_batch(views)
         tpj = self._tokens_per_joule(views, energy)
         self.latest_text, self.latest_snapshot = text, snapshot
         self._consecutive_failures = 0
@@ -229,6 +231,20 @@ class EngineWatch:
             self.upstream, snapshot, True, duration, tuple(sorted(self._failures.items())), self._parse_errors,
             time.time(), tpj, self._batch.histograms(),
         )
+
+    def _observe_batch(self, views: list[derive.ModelView]) -> None:
+        """The running batch since the last scrape: every scheduler state the plugin sent (each change of the
+        running count, and every 0.1 s while vLLM steps), when it is heard and vLLM serves one model; else the
+        gauge this scrape read."""
+        now = time.time()
+        steps = self._engine_steps(self._batch_since) if self._engine_steps is not None else []
+        self._batch_since = now
+        for view in views:
+            if steps and len(views) == 1:
+                for step in steps:
+                    self._batch.observe(view.model, step.running)
+            elif view.running is not None:
+                self._batch.observe(view.model, view.running)
 
     def _tokens_per_joule(
         self, views: list[derive.ModelView], energy: dict[str, float | None]
@@ -344,6 +360,7 @@ def engine_watch_ctx(
     engine_step: Callable[[], EngineStepStats | None] | None = None,
     engine: Callable[[], str | None] | None = None,
     on_exposition: Callable[[str], None] | None = None,
+    engine_steps: Callable[[float], list[EngineStepStats]] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory: builds, registers, starts and finally stops an EngineWatch."""
 
@@ -351,6 +368,7 @@ def engine_watch_ctx(
         watch = EngineWatch(
             settings, inflight, nvml_module=nvml_module, readiness=readiness, readiness_lost=readiness_lost,
             session_getter=session_getter, engine_step=engine_step, engine=engine, on_exposition=on_exposition,
+            engine_steps=engine_steps,
         )
         watch.register(registry)
         app[ENGINE_WATCH] = watch

@@ -76,8 +76,9 @@ ENGINE_STEP_TOKENS = MetricSpec(
 )
 ENGINE_BATCH_REQUESTS = MetricSpec(
     "inferwatch_engine_batch_requests", H,
-    "Batch size in requests: one observation of sum(vllm:num_requests_running) per successful scrape "
-    "of the upstream (a sample every scrape.interval_s, not every engine step).",
+    "Batch size in requests: with the stat-logger plugin heard (serve.engine_stats_listen) and one model "
+    "served, every scheduler state it sent (each change of the running count, and every 0.1 s while vLLM "
+    "steps); else one observation of sum(vllm:num_requests_running) per successful scrape.",
     M, "requests", (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
 )
 ENGINE_GENERATION_TOKENS = MetricSpec(

@@ -169,8 +169,16 @@ WORKER_RECORDS = MetricSpec(
     ("worker",),
 )
 
+FAST_RETRIES = MetricSpec(
+    "inferwatch_fast_retries", MetricType.COUNTER,
+    "Requests the same client (serve.client_header or User-Agent, and tenant) sent again with the same model and "
+    "prompt within serve.fast_retry_window_ms of the end of the previous one: retries without backoff, which "
+    "pile onto an engine that is already failing. Counted when the repeat ends, by model.",
+    ("model_name",),
+)
+
 SPECS: tuple[MetricSpec, ...] = (
-    REQUESTS, REQUESTS_IN_FLIGHT, UPSTREAM_ACCEPT_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS,
+    FAST_RETRIES, REQUESTS, REQUESTS_IN_FLIGHT, UPSTREAM_ACCEPT_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS,
     INTER_TOKEN_LATENCY_SECONDS, E2E_LATENCY_SECONDS, PROMPT_TOKENS, COMPLETION_TOKENS,
     REQUEST_PROMPT_TOKENS, REQUEST_COMPLETION_TOKENS, FINISH_REASONS, PREFILL_SHARE_RATIO,
     UPSTREAM_READY, REQUESTS_NORMALIZED, WORKER_RECORDS, *ENGINE_SPECS,

@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporters.catalog import engine as ce
 from exporters.catalog import gpu as cg
+from exporters.engine_stats_wire import EngineStepStats
 from serving.config import defaults, replace
+from serving.engine_stats import EngineSteps
 from serving.engine_watch import ENGINE_WATCH, EngineWatch, engine_watch_ctx, serving_energy
 from tests.fakes.nvml import FakeNvml
 
@@ -450,3 +452,20 @@ async def test_a_readyz_call_that_finds_vllm_not_ready_shows_on_metrics_at_once(
     assert (await client.get("/readyz")).status == 503
     assert (registry.get_sample_value(cr.UPSTREAM_READY.series, labels),
             registry.get_sample_value(ce.SCRAPE_STALE.series, labels)) == (0.0, 1.0)
+
+
+async def test_the_batch_comes_from_the_plugins_scheduler_states_while_it_is_heard(aiohttp_server: Any) -> None:
+    """With the plugin's states since the last scrape, each is one observation of the running batch; with none
+    (the plugin silent), the scrape's vllm:num_requests_running is."""
+    steps = EngineSteps()
+    watch = EngineWatch(_settings(await _upstream(aiohttp_server, _serve_current)), engine_steps=steps.since)
+    for running in (3, 9, 12):
+        steps.add(EngineStepStats(0.5, running, 0, 0, 0))
+    await watch.scrape_once()
+    first = watch.state.batch_requests["tiny-llm"]
+    await watch.scrape_once()  # no state since: the scrape's gauge
+    await watch.stop()
+    second = watch.state.batch_requests["tiny-llm"]
+    assert (first.count, first.sum) == (3, 24)
+    gauge = watch.latest_snapshot.series[0].running
+    assert (second.count, second.sum) == (4, 24 + gauge)

@@ -1,0 +1,40 @@
+"""Fast retries: the same client's same request again within the window after the previous one ended."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters.fast_retries import FastRetries
+from exporters.records import RequestRecord
+
+
+def _record(start: float, *, client: str = "c", key: int | None = 7, e2e: float = 0.2) -> RequestRecord:
+    return RequestRecord("t" * 32, "s" * 16, "/v1/completions", client=client, repeat_key=key, start_unix=start,
+                         e2e_s=e2e)
+
+
+@pytest.mark.parametrize(("gap_s", "fast"), [(0.1, True), (0.49, True), (0.5, False), (2.0, False)],
+                         ids=["100 ms after", "490 ms after", "exactly 500 ms after", "2 s after"])
+def test_a_repeat_within_the_window_after_the_end_is_fast(gap_s: float, fast: bool) -> None:
+    """The gap runs from the previous request's end (start + e2e) to the repeat's start; 500 ms is not fast."""
+    retries = FastRetries(0.5)
+    assert not retries.is_fast_retry(_record(100.0, e2e=1.0))
+    assert retries.is_fast_retry(_record(101.0 + gap_s)) is fast
+
+
+def test_other_clients_and_other_prompts_are_no_retries() -> None:
+    """Another client with the same prompt, or the same client with another, is a request of its own."""
+    retries = FastRetries(0.5)
+    retries.is_fast_retry(_record(100.0))
+    assert not retries.is_fast_retry(_record(100.3, client="other"))
+    assert not retries.is_fast_retry(_record(100.3, key=8))
+    assert not retries.is_fast_retry(_record(100.3, key=None))
+
+
+def test_memory_is_bounded_oldest_first() -> None:
+    """Past max_entries the oldest (client, prompt) is forgotten: its repeat is no longer seen."""
+    retries = FastRetries(0.5, max_entries=2)
+    for key in (1, 2, 3):
+        retries.is_fast_retry(_record(100.0, key=key))
+    assert not retries.is_fast_retry(_record(100.3, key=1))
+    assert retries.is_fast_retry(_record(100.3, key=3))
