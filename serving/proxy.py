@@ -408,7 +408,8 @@ class Proxy:
             headers["X-Request-Id"] = record.trace_id  # vLLM's request id, how its plugin's records find us
         self._tracing.inject(span, headers)
         deadline_ns = start_ns + int(self._request_timeout_s * 1e9) if self._request_timeout_s else None
-        shadow = self.choice.shadow_for(record) if outgoing.payload is not None else None
+        shadowing = outgoing.payload is not None and self.choice.shadow is not None  # one test when off
+        shadow = self.choice.shadow_for(record) if shadowing else None
         if shadow is not None:  # a copy to the shadow upstream, never awaited here
             shadow.send(record, request.path_qs, headers, outgoing.body, outgoing.payload or {}, outgoing.stream)
         try:
