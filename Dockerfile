@@ -8,7 +8,8 @@ COPY alert_rules ./alert_rules
 COPY dashboards ./dashboards
 COPY log_pipeline ./log_pipeline
 COPY serving ./serving
-RUN pip install . && useradd --system --uid 10001 inferwatch && mkdir -p /var/lib/inferwatch/logs \
+# [report]: matplotlib, for the PNGs of `inferwatch showback` and serve.showback_schedule
+RUN pip install '.[report]' && useradd --system --uid 10001 inferwatch && mkdir -p /var/lib/inferwatch/logs \
     && chown -R inferwatch /var/lib/inferwatch
 USER inferwatch
 EXPOSE 9100

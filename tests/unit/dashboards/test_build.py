@@ -30,7 +30,8 @@ def test_build_is_deterministic_with_stable_uids() -> None:
     first = files(DashboardConfig(), RulesConfig())
     assert first == files(DashboardConfig(), RulesConfig())
     uids = sorted(json.loads(t)["uid"] for p, t in first.items() if p.endswith(".json"))
-    assert uids == ["inferwatch-engine", "inferwatch-gpu", "inferwatch-pipeline", "inferwatch-slo"]
+    assert uids == ["inferwatch-engine", "inferwatch-gpu", "inferwatch-pipeline", "inferwatch-slo",
+                    "inferwatch-tenants"]
 
 
 def test_json_has_sorted_keys_and_current_schema() -> None:
@@ -96,7 +97,7 @@ def test_write_creates_every_file(tmp_path: Path) -> None:
     rel = sorted(str(p.relative_to(tmp_path)) for p in paths)
     assert rel == [
         "dashboards/inferwatch-engine.json", "dashboards/inferwatch-gpu.json",
-        "dashboards/inferwatch-pipeline.json", "dashboards/inferwatch-slo.json",
+        "dashboards/inferwatch-pipeline.json", "dashboards/inferwatch-slo.json", "dashboards/inferwatch-tenants.json",
         "provisioning/dashboards/inferwatch.yaml", "provisioning/datasources/inferwatch.yaml",
     ]
     provider = yaml.safe_load((tmp_path / "provisioning/dashboards/inferwatch.yaml").read_text())

@@ -10,7 +10,7 @@ from typing import Any
 import promql_parser
 import pytest
 
-from alert_rules import slo
+from alert_rules import slo, tenant_slo
 from alert_rules.config import RulesConfig
 from alert_rules.windows import windows_used
 from dashboards.lint import expand, metric_names
@@ -34,8 +34,9 @@ def exposed_names(path: Path) -> set[str]:
 
 
 def recorded_names() -> set[str]:
-    """Series the built SLO recording rules produce."""
-    return {r.record for r in slo.recording_rules(RulesConfig())}
+    """Series the built SLO recording rules produce (the model-wide and the per-tenant ones)."""
+    rules = (*slo.recording_rules(RulesConfig()), *tenant_slo.recording_rules(RulesConfig()))
+    return {r.record for r in rules}
 
 
 def all_exprs(boards: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:

@@ -23,7 +23,8 @@ from tests.unit.deploy.kubernetes_schemas import schema_errors
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "kubernetes"
-HAND_WRITTEN = ("deployment.yaml", "service.yaml", "persistentvolumeclaims.yaml", "podmonitor.yaml")
+HAND_WRITTEN = ("deployment.yaml", "service.yaml", "persistentvolumeclaims.yaml", "podmonitor.yaml",
+                "showback/cronjob.yaml")
 REBUILD = "deploy/kubernetes is stale: run `make k8s-manifests`"
 
 
@@ -96,7 +97,7 @@ def test_kustomization_lists_every_generated_file() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     rule_files = {f"prometheus-operator/{p.name}" for p in (K8S / "prometheus-operator").glob("*.yaml")}
     assert rule_files <= set(kustomization["resources"])
-    assert set(kustomization["resources"]) - rule_files == set(HAND_WRITTEN)
+    assert set(kustomization["resources"]) - rule_files == set(HAND_WRITTEN) - {"showback/cronjob.yaml"}  # a component
     boards = [g for g in kustomization["configMapGenerator"] if g["name"].startswith("inferwatch-dashboard-")]
     assert sorted(f for g in boards for f in g["files"]) == sorted(
         f"dashboards/{p.name}" for p in (K8S / "dashboards").glob("*.json"))
@@ -193,3 +194,21 @@ def test_process_pattern_finds_vllm_and_not_the_sidecar(pod: dict[str, Any], set
     assert pattern.search("python3 -m vllm.entrypoints.openai.api_server --model=m --host=127.0.0.1")
     assert pattern.search("/usr/bin/python3 /usr/local/bin/vllm serve m --host=127.0.0.1")
     assert not pattern.search(" ".join(["inferwatch", *_container(pod, "inferwatch")["args"]]))
+
+
+def test_the_showback_cronjob_reports_last_week_every_monday() -> None:
+    """The showback component's CronJob runs `inferwatch showback` over 7 days at 09:00 UTC on Mondays, as the
+    image's user, into its own volume."""
+    component = yaml.safe_load((K8S / "showback/kustomization.yaml").read_text())
+    assert (component["kind"], component["resources"]) == ("Component", ["cronjob.yaml"])
+    (cronjob,) = [d for d in _docs("showback/cronjob.yaml") if d["kind"] == "CronJob"]
+    assert (cronjob["spec"]["schedule"], cronjob["spec"]["timeZone"]) == ("0 9 * * 1", "Etc/UTC")
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    command = " ".join(container["args"])
+    assert command.startswith("exec inferwatch showback --prometheus")
+    assert "--from 7d --to now" in command
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v] == [
+        "inferwatch-showback"]
+
