@@ -20,6 +20,7 @@ part, ``vllm_until_first_token``, marked ``split: false``; the rest of a stream 
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,11 +48,15 @@ STALL_MIN_MS = 1000.0
 STALL_RATIO = 10.0
 """A gap between tokens of at least STALL_MIN_MS and STALL_RATIO times the request's median gap is a stall."""
 
+GPU_THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+"""The clock-event reasons that slow a GPU below what its work asks (not idle, application clocks, sync boost or
+display clocks): any of them active while a request ran is ``gpu_throttled``."""
+
 CAUSES = (
     "upstream_error", "cold_start", "upstream_restart", "preempted", "queue_full_batch", "queue_kv_capacity",
     "long_prefill", "decode_contention", "stall", "gpu_throttled", "client_slow_read", "sidecar", "none",
 )
-"""The documented vocabulary (README, "Explain a request"); ``gpu_throttled`` is not detected yet."""
+"""The documented vocabulary (README, "Explain a request")."""
 _CATEGORICAL = ("upstream_error", "cold_start", "upstream_restart")
 """Causes ranked before the others, whatever time they account for."""
 
@@ -161,6 +166,24 @@ def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> Request
     )
 
 
+def facts_to_json(facts: RequestFacts) -> dict[str, Any]:
+    """The facts as JSON (the explanation's ``facts``), read back by :func:`facts_from_json`."""
+    return dataclasses.asdict(facts)
+
+
+def facts_from_json(data: Mapping[str, Any]) -> RequestFacts:
+    """The facts an explanation was computed from (its ``facts``), to explain it again in another context.
+
+    Raises:
+        ValueError: ``data`` is not such an object.
+    """
+    try:
+        engine = data.get("engine")
+        return RequestFacts(**{**data, "engine": None if engine is None else EnginePhases(**engine)})
+    except (TypeError, AttributeError) as err:
+        raise ValueError(f"not the facts of an explanation: {err}") from err
+
+
 @dataclass(frozen=True, slots=True)
 class ColdStartSpan:
     """A cold start of the upstream (Unix seconds): from readiness lost (or not ready when the sidecar started)
@@ -186,6 +209,12 @@ class EngineContext:
     in_flight_max: float | None = None
     cold_starts: tuple[ColdStartSpan, ...] = ()
     """The upstream's cold starts the sidecar remembers (its last few, and one going on)."""
+    gpu_utilization_max: float | None = None
+    """The busiest GPU's utilisation (0-1) while the request ran, where NVML is read; the same below."""
+    gpu_memory_used_max_bytes: float | None = None
+    gpu_temperature_max: float | None = None
+    gpu_clock_events: tuple[str, ...] = ()
+    """The clock-event reasons (``inferwatch_gpu_clock_event_active``'s ``reason``) active on any GPU meanwhile."""
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -193,8 +222,21 @@ class EngineContext:
         return {
             "source": self.source, "running_max": self.running_max, "waiting_max": self.waiting_max,
             "kv_usage_max": _round(self.kv_usage_max, 3), "preemptions_in_window": self.preemptions_in_window,
-            "max_num_seqs": self.max_num_seqs, "in_flight_max": self.in_flight_max, "note": self.note,
+            "max_num_seqs": self.max_num_seqs, "in_flight_max": self.in_flight_max,
+            "gpu_utilization_max": _round(self.gpu_utilization_max, 3),
+            "gpu_memory_used_max_bytes": self.gpu_memory_used_max_bytes,
+            "gpu_temperature_max": self.gpu_temperature_max, "gpu_clock_events": list(self.gpu_clock_events),
+            "cold_starts": [{"cause": c.cause, "began_unix": c.began_unix, "ended_unix": c.ended_unix}
+                            for c in self.cold_starts],
+            "note": self.note,
         }
+
+
+def cold_starts_from_json(context: Mapping[str, Any]) -> tuple[ColdStartSpan, ...]:
+    """The cold starts an explanation's ``context`` names (to carry them over to another context)."""
+    return tuple(ColdStartSpan(str(c["cause"]), float(c["began_unix"]),
+                               None if c.get("ended_unix") is None else float(c["ended_unix"]))
+                 for c in context.get("cold_starts") or ())
 
 
 NO_CONTEXT = EngineContext("none", note="no sidecar history for this request")
@@ -303,10 +345,22 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
                             decode_ms=round(decode_ms, 1), mean_gap_ms=_round(facts.mean_gap_ms),
                             running_max=context.running_max))
     largest, median = facts.largest_gap_ms, facts.median_gap_ms
-    if largest is not None and median is not None and largest >= STALL_MIN_MS and largest >= STALL_RATIO * median:
-        found.append(_cause("stall", largest, f"its stream stalled {largest:,.0f} ms between two tokens "
-                            f"({largest / max(median, 0.001):.0f}x its median gap)",
-                            largest_gap_ms=round(largest, 1), median_gap_ms=round(median, 1)))
+    # a gap is measured where the sidecar reads vLLM, which it stops doing while a client does not take its
+    # bytes: at most what is left of the largest gap once all that waiting is taken out is vLLM's stall
+    stalled = None if largest is None else largest - facts.client_wait_ms
+    if stalled is not None and median is not None and stalled >= STALL_MIN_MS and stalled >= STALL_RATIO * median:
+        found.append(_cause("stall", stalled, f"its stream stalled {stalled:,.0f} ms between two tokens "
+                            f"({stalled / max(median, 0.001):.0f}x its median gap)",
+                            largest_gap_ms=_round(largest), median_gap_ms=round(median, 1),
+                            client_wait_ms=round(facts.client_wait_ms, 1)))
+    throttled = [reason for reason in context.gpu_clock_events if reason in GPU_THROTTLING]
+    if throttled:
+        gpu_ms = engine.prefill_ms + engine.decode_ms if engine is not None else phases.get(
+            "generation", 0.0) + phases.get("vllm_until_first_token", 0.0)
+        temperature = f", up to {context.gpu_temperature_max:g} °C" if context.gpu_temperature_max is not None else ""
+        found.append(_cause("gpu_throttled", gpu_ms, f"the GPU slowed its clocks while it ran ({', '.join(throttled)}"
+                            f"{temperature})", reasons=throttled, temperature_max=context.gpu_temperature_max,
+                            utilization_max=_round(context.gpu_utilization_max, 3)))
     client = phases.get("client_slow_read", 0.0)
     if _significant(client, e2e, CLIENT_FLOOR_MS):
         found.append(_cause("client_slow_read", client, f"the client read slowly: the stream waited {client:,.0f} ms "
@@ -352,7 +406,7 @@ def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source:
         "engine_numbers": engine is not None,
         "largest_gap_ms": _round(facts.largest_gap_ms), "mean_gap_ms": _round(facts.mean_gap_ms),
         "phases": phases, "context": context.to_json(), "peers": _peers(by_name, facts.e2e_ms, peers_p50_ms or {}),
-        "causes": causes, "reason": causes[0]["text"],
+        "causes": causes, "reason": causes[0]["text"], "facts": facts_to_json(facts),
     }
 
 

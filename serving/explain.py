@@ -6,7 +6,8 @@ cost and the memory per entry are measured by ``benchmarks/explain_ring.py``). A
 computed only when asked (:mod:`exporters.explain`), with the engine's state around the request
 from what the sidecar already holds: the stat-logger plugin's recent scheduler steps (running,
 waiting, KV usage, every 0.1 s), else the embedded rule engine's store of scraped series; vLLM's
-preemption counter from that store; the cold starts the readiness probes saw.
+preemption counter, the sidecar's requests in flight and the GPUs' NVML readings (utilisation, memory,
+temperature, clock events) from that store; the cold starts the readiness probes saw.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from alert_rules.engine import RuleFileError, parse_duration_ms
 from alert_rules.promql.evaluate import Evaluator
 from alert_rules.spec import selector
 from alert_rules.store import SeriesStore
+from exporters.catalog import gpu as gpu_specs
 from exporters.catalog import request as request_specs
 from exporters.catalog import vllm as vllm_specs
 from exporters.catalog.spec import MetricSpec
@@ -88,6 +90,19 @@ def _store_max(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> flo
     return max(totals.values()) if totals else None
 
 
+def _store_peak(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> float | None:
+    """The largest sample of any series of ``name`` in ``[start, end]`` (the busiest GPU); None when none was."""
+    values = [v for _labels, _times, vs in store.window(name, [], start_ms, end_ms) for v in vs]
+    return max(values) if values else None
+
+
+def _store_clock_events(store: SeriesStore, start_ms: int, end_ms: int) -> tuple[str, ...]:
+    """The clock-event reasons active on any GPU in ``[start, end]``."""
+    reasons = {dict(labels).get("reason", "") for labels, _times, values in
+               store.window(gpu_specs.GPU_CLOCK_EVENT_ACTIVE.series, [], start_ms, end_ms) if max(values) >= 1}
+    return tuple(sorted(reasons - {""}))
+
+
 def _store_increase(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> float | None:
     rows = store.increases(name, [], start_ms, end_ms, counter=True)
     return sum(row[5] for row in rows) if rows else None
@@ -119,6 +134,7 @@ class ContextSources:
         cold = self._cold_start_spans()
         store = self.store()
         preemptions = in_flight = None
+        gpu: dict[str, Any] = {}
         notes = []
         if store is not None:
             pad_ms = int(self._pad_s * 1000)
@@ -126,6 +142,11 @@ class ContextSources:
             try:  # the rule engine's thread may be writing: a read that trips on it leaves these unknown
                 preemptions = _store_increase(store, vllm_specs.NUM_PREEMPTIONS.series, start_ms, end_ms)
                 in_flight = _store_max(store, request_specs.REQUESTS_IN_FLIGHT.series, start_ms, end_ms)
+                gpu = {"gpu_utilization_max": _store_peak(store, gpu_specs.GPU_UTILIZATION.series, start_ms, end_ms),
+                       "gpu_memory_used_max_bytes": _store_peak(store, gpu_specs.GPU_MEMORY_USED.series, start_ms,
+                                                                end_ms),
+                       "gpu_temperature_max": _store_peak(store, gpu_specs.GPU_TEMPERATURE.series, start_ms, end_ms),
+                       "gpu_clock_events": _store_clock_events(store, start_ms, end_ms)}
             except (IndexError, ValueError, RuntimeError):
                 notes.append("the store was busy")
         steps = self.steps.between(start_unix, end_unix) if self.steps is not None else None
@@ -133,7 +154,8 @@ class ContextSources:
             return EngineContext(
                 "plugin_steps", running_max=max(s.running for s in steps), waiting_max=max(s.waiting for s in steps),
                 kv_usage_max=max(s.kv_cache_usage for s in steps), preemptions_in_window=preemptions,
-                max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
+                max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes),
+                **gpu)
         if store is None:
             return EngineContext("none", max_num_seqs=self._max_num_seqs, cold_starts=cold,
                                  note="no plugin steps and no rule engine store cover the request")
@@ -148,7 +170,7 @@ class ContextSources:
         return EngineContext(
             "sidecar_store", running_max=None if running is None else int(running),
             waiting_max=None if waiting is None else int(waiting), kv_usage_max=kv, preemptions_in_window=preemptions,
-            max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes))
+            max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes), **gpu)
 
 
 def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_unix: float) -> dict[str, float]:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from exporters.explain import CAUSES, ColdStartSpan, EngineContext, EnginePhases, RequestFacts, explain
+from exporters.explain import (
+    CAUSES,
+    ColdStartSpan,
+    EngineContext,
+    EnginePhases,
+    RequestFacts,
+    explain,
+    facts_from_json,
+)
 
 START = 1_700_000_000.0
 
@@ -51,6 +60,15 @@ def test_stall_is_a_gap_far_above_the_requests_own() -> None:
     """A 1.5 s gap among 10 ms gaps is a stall; a 1.5 s gap among 1 s gaps is not."""
     assert "stall" in _causes(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=10.0))
     assert "stall" not in _causes(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=1000.0))
+
+
+def test_a_gap_the_client_made_is_no_stall() -> None:
+    """A 1.5 s gap while the stream waited 1.2 s on the client is no stall; with 0.2 s of waiting, a 1.3 s one."""
+    assert "stall" not in _causes(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=10.0,
+                                         client_wait_ms=1200.0))
+    stall = next(c for c in explain(_facts(e2e_ms=3000.0, largest_gap_ms=1500.0, median_gap_ms=10.0,
+                                           client_wait_ms=200.0))["causes"] if c["cause"] == "stall")
+    assert stall["ms"] == 1300.0
 
 
 def test_decode_contention_needs_a_busy_batch() -> None:
@@ -114,3 +132,16 @@ def test_the_readme_documents_the_vocabulary_and_every_cause_named_is_in_it() ->
     assert produced <= set(CAUSES)
     sidecar_slow = _facts(e2e_ms=1000.0, sent_ms=400.0, engine=EnginePhases(1.0, 20.0, 500.0, 0, 0))
     assert _causes(sidecar_slow)[0] == "sidecar"
+
+
+def test_a_gpu_slowed_by_heat_or_power_is_gpu_throttled_an_idle_one_not() -> None:
+    """hw_thermal while the request ran names gpu_throttled with the engine's time; gpu_idle or application clocks
+    do not; the facts in the explanation read back as the same facts."""
+    hot = EngineContext("plugin_steps", running_max=1, gpu_clock_events=("hw_thermal",), gpu_temperature_max=91.0)
+    explanation = explain(_facts(), hot)
+    throttled = next(c for c in explanation["causes"] if c["cause"] == "gpu_throttled")
+    assert throttled["ms"] == 920.0
+    assert throttled["evidence"]["reasons"] == ["hw_thermal"]
+    idle = EngineContext("plugin_steps", running_max=1, gpu_clock_events=("applications_clocks", "gpu_idle"))
+    assert "gpu_throttled" not in _causes(_facts(), idle)
+    assert facts_from_json(json.loads(json.dumps(explanation["facts"]))) == _facts()

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import socket
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporters.catalog.gpu import GPU_CLOCK_EVENT_ACTIVE
 from exporters.catalog.request import E2E_LATENCY_SECONDS
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
 from exporters.records import RequestRecord
@@ -28,6 +30,7 @@ from serving.app import OBSERVERS, build_app
 from serving.cli import main
 from serving.explain import RequestRing
 from serving.rule_engine import RULE_RUNNER
+from tests.fakes.nvml import FakeNvml
 from tests.fakes.openai_upstream import FakeOpenAI
 
 TOKEN_DELAY_S = 0.05
@@ -75,7 +78,7 @@ class Setup:
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                  aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
-                 rules_interval_s: float = 15.0, archive: str = "", **serve: Any) -> Setup:
+                 rules_interval_s: float = 15.0, archive: str = "", gpu_interval_s: float = 5.0, **serve: Any) -> Setup:
     upstream = await aiohttp_server(FakeOpenAI(token_delay_s=token_delay_s, record=False).app())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -84,6 +87,7 @@ async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                            engine_stats_listen=f"udp://127.0.0.1:{port}", engine_stats_wait_ms=2000.0, **serve)
     settings = cfg.replace(settings, "scrape", enabled=False)
     settings = cfg.replace(settings, "rules", evaluation_interval_s=rules_interval_s)
+    settings = cfg.replace(settings, "gpu", interval_s=gpu_interval_s)
     settings = cfg.replace(settings, "logs", dir=archive, success_sample_ratio=1.0, frame_max_ms=20.0)
     app = build_app(settings)
     finished: dict[str, RequestRecord] = {}
@@ -311,4 +315,49 @@ async def test_cli_lists_the_slowest_from_the_archive_when_the_sidecar_is_gone(
     assert listed["source"] == "archive"
     assert [row["trace_id"] for row in listed["requests"]] == [_trace(31), _trace(32)]
     assert all(row["cause"] for row in listed["requests"])
+    setup.plugin.close()
+
+
+async def test_a_gpu_that_slows_its_clocks_is_gpu_throttled_with_nvmls_readings(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NVML (the fake that raises pynvml's own exceptions) says GPU 1 runs at 91 °C with its hardware thermal
+    slowdown on while GPU 0 answers NotSupported for its clock events: the explanation's context holds the busiest
+    GPU's readings and the reason, and names gpu_throttled; with the slowdown over, a later request does not."""
+    fake = FakeNvml(2)
+    fake.gpus[1].temperature, fake.gpus[1].util_gpu, fake.gpus[1].reasons = 91, 97, 0x40  # hw_thermal
+    fake.gpus[0].unsupported.add("nvmlDeviceGetCurrentClocksEventReasons")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    setup = await _setup(aiohttp_server, aiohttp_client, rules_interval_s=1.0, gpu_interval_s=0.1)
+    assert setup.app is not None
+    store = setup.app[RULE_RUNNER].store
+
+    async def stored(reason_active: float) -> None:
+        for _ in range(200):
+            rows = store.window(GPU_CLOCK_EVENT_ACTIVE.series, [], int(time.time() * 1000) - 1000, 2**62)
+            if any(dict(labels).get("reason") == "hw_thermal" and values[-1] == reason_active
+                   for labels, _t, values in rows):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the GPU readings never reached the store")
+
+    await stored(1.0)
+    await setup.request(_trace(8))
+    status, explanation = await setup.explain_when_finished(_trace(8))
+    assert status == 200
+    context = explanation["context"]
+    assert context["gpu_temperature_max"] == 91
+    assert context["gpu_utilization_max"] == 0.97
+    assert context["gpu_memory_used_max_bytes"] == fake.gpus[1].used
+    assert context["gpu_clock_events"] == ["hw_thermal"]
+    throttled = next(c for c in explanation["causes"] if c["cause"] == "gpu_throttled")
+    assert throttled["evidence"]["reasons"] == ["hw_thermal"]
+    fake.gpus[1].reasons = 0
+    await stored(0.0)
+    await asyncio.sleep(1.1)  # past the context's padding (one evaluation interval)
+    await setup.request(_trace(9))
+    _, cooler = await setup.explain_when_finished(_trace(9))
+    assert cooler["context"]["gpu_clock_events"] == []
+    assert "gpu_throttled" not in {c["cause"] for c in cooler["causes"]}
     setup.plugin.close()
