@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from exporters.text_class import CJK, EMOJI_DENSE, PLAIN, emoji_count, text_class
 
@@ -40,3 +42,31 @@ def test_cjk_needs_a_third_of_the_visible_characters() -> None:
 def test_emoji_dense_wins_over_cjk() -> None:
     """A CJK prompt full of emoji is emoji_dense: the class the crash story is about."""
     assert text_class(["\u6771\u4eac" + GRINNING * 16], 15) == EMOJI_DENSE
+
+
+def _by_code_point(text: str) -> tuple[int, int]:
+    """(emoji, cjk) counted one code point at a time from the documented ranges: the slow, obvious way."""
+    pictographs = ((0x1F000, 0x1FFFF), (0x2300, 0x23FF), (0x2600, 0x27BF), (0x2B00, 0x2BFF))
+    emoji = flags = cjk = 0
+    for char in text:
+        code = ord(char)
+        if 0x1F1E6 <= code <= 0x1F1FF:
+            flags += 1
+        elif any(low <= code <= high for low, high in pictographs) and not 0x1F3FB <= code <= 0x1F3FF:
+            emoji += 1
+        cjk += 0x3000 <= code <= 0xD7FF or 0x20000 <= code <= 0x2FFFF
+    return emoji + flags // 2, cjk
+
+
+@given(st.text(alphabet=st.sampled_from(
+    "ab \n\u00e9\u2026\u2014\u2300\u23ff\u2600\u27bf\u2b00\u2bff\u2c00\u2fff\u3000\u3042\ud7ff\ue000\uff01"
+    "\U0001f000\U0001f1e5\U0001f1e6\U0001f1ff\U0001f3fa\U0001f3fb\U0001f3ff\U0001f600\U0001ffff\U0001efff"
+    "\U00020000\U0002ffff\U00030000\U000e0001"), max_size=60))
+def test_the_byte_counts_equal_a_count_by_code_point(text: str) -> None:
+    """Emoji and CJK counted from UTF-8 lead bytes equal the documented ranges applied code point by code point,
+    range edges and their neighbours included."""
+    emoji, cjk = _by_code_point(text)
+    assert emoji_count(text) == emoji
+    visible = len(text) - text.count(" ") - text.count("\n")
+    expected = EMOJI_DENSE if emoji > 3 else CJK if cjk and cjk >= visible / 3 else PLAIN
+    assert text_class([text], 3) == expected
