@@ -18,6 +18,7 @@ from alert_rules.intervene import DEGRADE_ALERT
 from alert_rules.render import rule_groups
 from alert_rules.store import SeriesStore
 from exporters.catalog.engines import Engine
+from exporters.catalog.request import GENERATION_ROUTES
 from exporters.cold_start import ColdStartTracker
 from exporters.fast_retries import FastRetryCounter
 from exporters.genai_metrics import GenAiServerMetrics
@@ -43,7 +44,7 @@ from serving.explain import ContextSources, RequestRing, add_explain_routes
 from serving.front import Front
 from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
-from serving.proxy import GENERATION_ROUTES, FinishHook, Observer, Proxy, run_observers, upstream_address
+from serving.proxy import FinishHook, Observer, Proxy, run_observers, upstream_address
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.shadow import ShadowCopies, add_shadow_routes
 from serving.showback.schedule import showback_schedule_ctx

@@ -18,8 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from serving.errors import error_body
-from serving.proxy import TRACE_HEADER
-from serving.tracing import request_trace_id
+from serving.tracing import TRACE_HEADER, request_trace_id
 
 _KINDS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
           413: "request_too_large"}

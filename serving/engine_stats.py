@@ -36,7 +36,6 @@ from exporters.catalog import request as cat
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, decode
 from exporters.gpu_seconds import BatchTimeline
 from exporters.records import Outcome, RequestRecord
-from serving.proxy import GENERATION_ROUTES
 
 log = structlog.get_logger(__name__)
 
@@ -197,7 +196,7 @@ class EngineStatsJoin(asyncio.DatagramProtocol):
             self._join(record, stats)
             finish()
             return
-        reached_engine = (record.outcome is Outcome.OK and record.route in GENERATION_ROUTES
+        reached_engine = (record.outcome is Outcome.OK and record.route in cat.GENERATION_ROUTES
                           and record.http_status == 200)
         plugin_alive = time.monotonic() - self.last_heard < PLUGIN_SILENT_AFTER_S
         if not reached_engine or not plugin_alive or record.trace_id in self._waiting:

@@ -17,7 +17,7 @@ import orjson
 import structlog
 from opentelemetry.trace import Span, Status, StatusCode
 
-from exporters.catalog.request import OLLAMA_ROUTES, ROUTES
+from exporters.catalog.request import GENERATION_ROUTES, OLLAMA_ROUTES, ROUTES
 from exporters.engine_phases import of_answer, ollama_outcome
 from exporters.engine_stats_wire import EngineRequestStats
 from exporters.genai_metrics import operation_name
@@ -33,7 +33,7 @@ from serving.ndjson import NdjsonReader, error_line
 from serving.sse import SseReader
 from serving.stream_relay import StreamRelay
 from serving.tenancy import Tenancy
-from serving.tracing import Tracing, span_id_hex, trace_id_hex
+from serving.tracing import TRACE_HEADER, Tracing, span_id_hex, trace_id_hex
 from serving.unicode_nfc import normalize_prompt_text
 from serving.upstream_choice import Upstream, UpstreamChoice
 from serving.upstream_http import (
@@ -46,11 +46,10 @@ from serving.upstream_http import (
 )
 
 if TYPE_CHECKING:
-    from serving.shadow import ShadowCopies  # it imports the endpoints, which import this
+    from serving.shadow import ShadowCopies
 
 log = structlog.get_logger(__name__)
 
-GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", *OLLAMA_ROUTES})
 NATIVE_STREAM_ROUTES = frozenset(OLLAMA_ROUTES)
 """Routes that stream unless the request says ``"stream": false`` (Ollama's), with their counts built in."""
 KNOWN_ROUTES = frozenset(ROUTES)
@@ -60,7 +59,6 @@ HOP_BY_HOP = frozenset({
 })
 REQUEST_HEADERS_DROPPED = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "traceparent", "tracestate"}
 RESPONSE_HEADERS_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
-TRACE_HEADER = "x-trace-id"
 MAX_MODEL_LABELS = 64
 PROMPT_PLACEHOLDER = "[prompt text]"
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -22,6 +22,8 @@ _FLAGS = {(sampled, random_id): TraceFlags((TraceFlags.SAMPLED if sampled else T
           for sampled in (False, True) for random_id in (False, True)}
 """A span's flags by (sampled, random trace id); the random-id flag is W3C level 2's, as the SDK sets it."""
 INSTRUMENTATION_SCOPE = "inferwatch.serving"
+TRACE_HEADER = "x-trace-id"
+"""The response header that carries the request's trace id (every answer of the sidecar has it)."""
 
 
 class _Provider(TracerProvider):

@@ -11,6 +11,8 @@ INFERENCE_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
 """``route`` values of the requests that run the model: the requests the SLOs count."""
 ROUTES = (*INFERENCE_ROUTES, "/v1/models")
 """Every ``route`` value but ``other`` (any other path under ``/v1`` or ``/api``)."""
+GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", *OLLAMA_ROUTES})
+"""The routes whose requests generate tokens (a time to first token, vLLM's engine phases)."""
 
 REQUEST_LABELS = ("model_name", "route", "outcome", "length_bucket", "lane", "role")
 LATENCY_LABELS = ("model_name", "route", "length_bucket", "lane", "role")

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from benchmarks import soak
-from serving.proxy import TRACE_HEADER
+from serving.tracing import TRACE_HEADER
 from tests.fakes.faulty_upstream import FAULTS
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
