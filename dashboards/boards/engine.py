@@ -121,7 +121,8 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Sequences per request", "p90 of the n parameter per finished request.", "short", q.request_n()),
         Row("Cold starts and readiness"),
         timeseries("Readiness", "Per replica: 1 when the sidecar's readiness probe of vLLM succeeded, when the "
-                   "engine is awake and when Prometheus scraped vLLM.", "short", q.readiness(config.vllm_job),
+                   "engine is awake and when Prometheus scraped vLLM (no scrape in front of Ollama, which has no "
+                   "/metrics).", "short", q.readiness(config.vllm_job),
                    min_value=0, max_value=1),
         stat("Engine restarts", "Cold starts in the time range: resets of vLLM's finished-request counter, "
              "summed over replicas.",

@@ -15,8 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporters import buckets
+from exporters.catalog import cutover as cc
 from exporters.catalog import engine as ce
 from exporters.catalog import request as cr
+from exporters.catalog import usage as cu
 from exporters.catalog.spec import MetricSpec, MetricType
 
 
@@ -55,6 +57,51 @@ class Signal:
         """The engines that do not feed it, with why."""
         return {engine: text for engine, (kind, text) in self.how.items() if kind is Kind.MISSING}
 
+
+# ---- the sidecar's own series about the engine ------------------------------------------------
+
+UPSTREAM_ENGINE = MetricSpec(
+    "inferwatch_upstream_engine", MetricType.GAUGE,
+    "Value 1; engine = the engine behind the sidecar (vllm, sglang, ollama, llamacpp, or unknown while "
+    "serve.engine = auto has not recognized it yet), configured = serve.engine, detected_by = how it was "
+    "recognized (config, metrics: the families of /metrics, endpoint: Ollama's root or llama.cpp's /metrics "
+    "refusal, none).",
+    ("upstream", "engine", "configured", "detected_by"),
+)
+OLLAMA_MODELS = MetricSpec(
+    "inferwatch_ollama_models", MetricType.GAUGE,
+    "Models Ollama has pulled (the length of /api/tags' models list, polled every scrape.interval_s).",
+    ("upstream",), "models",
+)
+OLLAMA_MODEL_SIZE = MetricSpec(
+    "inferwatch_ollama_model_size_bytes", MetricType.GAUGE,
+    "Size on disk of each model Ollama has pulled (/api/tags size).", ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_BYTES = MetricSpec(
+    "inferwatch_ollama_loaded_model_bytes", MetricType.GAUGE,
+    "Memory of each model Ollama holds loaded (/api/ps size); absent when it is unloaded.",
+    ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_VRAM_BYTES = MetricSpec(
+    "inferwatch_ollama_loaded_model_vram_bytes", MetricType.GAUGE,
+    "GPU memory of each model Ollama holds loaded (/api/ps size_vram; the rest of size sits in CPU memory).",
+    ("upstream", "model_name"), "bytes",
+)
+OLLAMA_LOADED_EXPIRES = MetricSpec(
+    "inferwatch_ollama_loaded_model_expires_timestamp_seconds", MetricType.GAUGE,
+    "Unix time at which Ollama unloads each loaded model unless it is used again (/api/ps expires_at).",
+    ("upstream", "model_name"), "seconds",
+)
+OLLAMA_POLL_UP = MetricSpec(
+    "inferwatch_ollama_poll_up", MetricType.GAUGE,
+    "1 when the last poll of Ollama's /api/tags and /api/ps succeeded, else 0.", ("upstream",),
+)
+REQUEST_ENGINE_LOAD_SECONDS = MetricSpec(
+    "inferwatch_request_engine_load_seconds", MetricType.HISTOGRAM,
+    "Seconds Ollama spent loading the model for a request (its final message's load_duration; a cold start "
+    "when large), by model, prompt length bucket and outcome.",
+    cr.ENGINE_LABELS, "seconds", buckets.REQUEST_LATENCY,
+)
 
 M, D, X = Kind.MEASURED, Kind.DERIVED, Kind.MISSING
 NO_METRICS = "Ollama has no /metrics"
@@ -131,6 +178,62 @@ SIGNALS: tuple[Signal, ...] = (
         Engine.LLAMACPP: (M, "each answer's timings: prompt_ms, predicted_ms, cache_n"),
         Engine.OLLAMA: (M, "the final message: load, prompt_eval, eval and total durations (ns)"),
     }),
+    Signal("engine generation (inferwatch_engine_info)", (ce.ENGINE_INFO.name,), {
+        Engine.VLLM: (M, "v0, v1 or v1_engine from the families present"),
+        Engine.SGLANG: (M, "generation sglang"),
+        Engine.LLAMACPP: (M, "generation llamacpp"),
+        Engine.OLLAMA: (X, NO_METRICS + "; inferwatch_upstream_engine names it"),
+    }),
+    Signal("KV offloading (V1's swap)", (
+        ce.KV_SWAP_BYTES.name, ce.KV_SWAP_SECONDS.name, ce.KV_SWAP_CPU_USAGE.name, ce.KV_SWAP_ALLOCATION_FAILURES.name,
+    ), {
+        Engine.VLLM: (M, "vllm:kv_offload_* with the OffloadingConnector"),
+        Engine.SGLANG: (X, "its hierarchical cache has other counters, not read"),
+        Engine.LLAMACPP: (X, "no KV offload counters"),
+        Engine.OLLAMA: (X, NO_METRICS),
+    }),
+    Signal("scrape of the engine's /metrics", tuple(spec.name for spec in ce.SCRAPE_HEALTH), {
+        Engine.VLLM: (M, "the sidecar's scrape"),
+        Engine.SGLANG: (M, "the sidecar's scrape (--enable-metrics)"),
+        Engine.LLAMACPP: (M, "the sidecar's scrape (--metrics)"),
+        Engine.OLLAMA: (X, NO_METRICS + ": nothing to scrape; inferwatch_ollama_poll_up instead"),
+    }),
+    Signal("stat-logger plugin's joins and health", (
+        cr.ENGINE_STATS_JOINS.name, cr.ENGINE_STATS_RECORDS.name, cr.ENGINE_STATS_PLUGIN_UP.name,
+        cr.ENGINE_STATS_PLUGIN_DROPPED.name,
+    ), {
+        Engine.VLLM: (M, "inferwatch's plugin inside vLLM"),
+        Engine.SGLANG: (X, "the plugin is vLLM's"),
+        Engine.LLAMACPP: (X, "the plugin is vLLM's; the numbers come in each answer instead"),
+        Engine.OLLAMA: (X, "the plugin is vLLM's; the numbers come in each answer instead"),
+    }),
+    Signal("engine busy seconds (GPU-seconds with basis=engine)", (cu.ENGINE_BUSY_SECONDS.name,), {
+        Engine.VLLM: (M, "the stat-logger plugin's step states"),
+        Engine.SGLANG: (X, "the plugin is vLLM's"),
+        Engine.LLAMACPP: (X, "the plugin is vLLM's"),
+        Engine.OLLAMA: (X, "the plugin is vLLM's"),
+    }),
+    Signal("tokenizer fingerprint", (cc.UPSTREAM_TOKENIZER.name, cc.UPSTREAM_TOKENIZER_CHANGES.name), {
+        Engine.VLLM: (M, "vLLM's /tokenize over the probe texts"),
+        Engine.SGLANG: (X, "the probe speaks vLLM's /tokenize"),
+        Engine.LLAMACPP: (X, "its /tokenize takes another request shape"),
+        Engine.OLLAMA: (X, "Ollama has no /tokenize"),
+    }),
+    Signal("models pulled and loaded, with their memory", (
+        OLLAMA_MODELS.name, OLLAMA_MODEL_SIZE.name, OLLAMA_LOADED_BYTES.name, OLLAMA_LOADED_VRAM_BYTES.name,
+        OLLAMA_LOADED_EXPIRES.name, OLLAMA_POLL_UP.name,
+    ), {
+        Engine.VLLM: (X, "one model per server: the KV-cache rows instead"),
+        Engine.SGLANG: (X, "one model per server"),
+        Engine.LLAMACPP: (X, "one model per server"),
+        Engine.OLLAMA: (M, "/api/tags and /api/ps, polled every scrape.interval_s"),
+    }),
+    Signal("readiness", (cr.UPSTREAM_READY.name,), {
+        Engine.VLLM: (M, "GET /health"),
+        Engine.SGLANG: (M, "GET /health"),
+        Engine.LLAMACPP: (M, "GET /health (503 while the model loads)"),
+        Engine.OLLAMA: (M, "GET / (Ollama is running)"),
+    }),
     Signal("per-request engine queue, preemptions", (
         cr.ENGINE_QUEUE_SECONDS.name, cr.ENGINE_PREEMPTIONS_PER_REQUEST.name,
     ), {
@@ -177,51 +280,6 @@ def missing_note(names: Iterable[str]) -> str:
     parts = [f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing.items())]
     return "No data on " + ", ".join(parts) + "."
 
-
-# ---- the sidecar's own series about the engine ------------------------------------------------
-
-UPSTREAM_ENGINE = MetricSpec(
-    "inferwatch_upstream_engine", MetricType.GAUGE,
-    "Value 1; engine = the engine behind the sidecar (vllm, sglang, ollama, llamacpp, or unknown while "
-    "serve.engine = auto has not recognized it yet), configured = serve.engine, detected_by = how it was "
-    "recognized (config, metrics: the families of /metrics, endpoint: Ollama's root or llama.cpp's /metrics "
-    "refusal, none).",
-    ("upstream", "engine", "configured", "detected_by"),
-)
-OLLAMA_MODELS = MetricSpec(
-    "inferwatch_ollama_models", MetricType.GAUGE,
-    "Models Ollama has pulled (the length of /api/tags' models list, polled every scrape.interval_s).",
-    ("upstream",), "models",
-)
-OLLAMA_MODEL_SIZE = MetricSpec(
-    "inferwatch_ollama_model_size_bytes", MetricType.GAUGE,
-    "Size on disk of each model Ollama has pulled (/api/tags size).", ("upstream", "model_name"), "bytes",
-)
-OLLAMA_LOADED_BYTES = MetricSpec(
-    "inferwatch_ollama_loaded_model_bytes", MetricType.GAUGE,
-    "Memory of each model Ollama holds loaded (/api/ps size); absent when it is unloaded.",
-    ("upstream", "model_name"), "bytes",
-)
-OLLAMA_LOADED_VRAM_BYTES = MetricSpec(
-    "inferwatch_ollama_loaded_model_vram_bytes", MetricType.GAUGE,
-    "GPU memory of each model Ollama holds loaded (/api/ps size_vram; the rest of size sits in CPU memory).",
-    ("upstream", "model_name"), "bytes",
-)
-OLLAMA_LOADED_EXPIRES = MetricSpec(
-    "inferwatch_ollama_loaded_model_expires_timestamp_seconds", MetricType.GAUGE,
-    "Unix time at which Ollama unloads each loaded model unless it is used again (/api/ps expires_at).",
-    ("upstream", "model_name"), "seconds",
-)
-OLLAMA_POLL_UP = MetricSpec(
-    "inferwatch_ollama_poll_up", MetricType.GAUGE,
-    "1 when the last poll of Ollama's /api/tags and /api/ps succeeded, else 0.", ("upstream",),
-)
-REQUEST_ENGINE_LOAD_SECONDS = MetricSpec(
-    "inferwatch_request_engine_load_seconds", MetricType.HISTOGRAM,
-    "Seconds Ollama spent loading the model for a request (its final message's load_duration; a cold start "
-    "when large), by model, prompt length bucket and outcome.",
-    cr.ENGINE_LABELS, "seconds", buckets.REQUEST_LATENCY,
-)
 
 SPECS: tuple[MetricSpec, ...] = (
     UPSTREAM_ENGINE, OLLAMA_MODELS, OLLAMA_MODEL_SIZE, OLLAMA_LOADED_BYTES, OLLAMA_LOADED_VRAM_BYTES,
