@@ -102,6 +102,8 @@ class RequestFacts:
     error_type: str | None = None
     error_message: str | None = None
     engine: EnginePhases | None = None
+    refused: bool = False
+    """The sidecar answered it itself (its admission, limits or checks): it never reached vLLM."""
 
     @property
     def end_unix(self) -> float:
@@ -126,7 +128,7 @@ def facts_from_record(record: RequestRecord) -> RequestFacts:
         largest_gap_ms=max(gaps) * 1000.0 if gaps else None,
         median_gap_ms=statistics.median(gaps) * 1000.0 if gaps else None,
         mean_gap_ms=_ms(record.mean_itl_s), error_type=record.error_type, error_message=record.error_message,
-        engine=_engine_phases(record),
+        engine=_engine_phases(record), refused=record.refused,
     )
 
 
@@ -251,7 +253,9 @@ def _phases(facts: RequestFacts) -> list[dict[str, Any]]:
     e2e = facts.e2e_ms
     parts: list[tuple[str, float, bool]] = []  # name, ms, split
     sent = facts.sent_ms
-    if sent is None and facts.ttft_ms is None:  # never reached the upstream's answer, or an archived failure
+    if facts.refused:  # the sidecar's own answer: all of it is the sidecar's time
+        parts.append(("sidecar", e2e, True))
+    elif sent is None and facts.ttft_ms is None:  # never reached the upstream's answer, or an archived failure
         parts.append(("sidecar_and_upstream", e2e, False))
     else:
         after = 0.0
@@ -295,7 +299,12 @@ def _significant(ms: float, e2e: float, floor: float) -> bool:
 
 def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContext) -> list[dict[str, Any]]:
     e2e, engine, found = facts.e2e_ms, facts.engine, []
-    if facts.outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
+    if facts.refused:
+        found.append(_cause("sidecar", e2e, f"the sidecar refused it itself: {facts.error_type} (HTTP "
+                            f"{facts.http_status}): {facts.error_message or ''}".rstrip(": "), refused=True,
+                            http_status=facts.http_status, error_type=facts.error_type,
+                            error_message=(facts.error_message or "")[:200]))
+    elif facts.outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.OVERLOADED):
         found.append(_cause("upstream_error", e2e, f"it failed: {facts.error_type or facts.outcome} "
                             f"(HTTP {facts.http_status})", http_status=facts.http_status,
                             error_type=facts.error_type, error_message=(facts.error_message or "")[:200]))
@@ -366,7 +375,7 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         found.append(_cause("client_slow_read", client, f"the client read slowly: the stream waited {client:,.0f} ms "
                             "for it", client_wait_ms=round(facts.client_wait_ms, 1)))
     sidecar = phases.get("sidecar", 0.0)
-    if _significant(sidecar, e2e, SIDECAR_FLOOR_MS):
+    if not facts.refused and _significant(sidecar, e2e, SIDECAR_FLOOR_MS):
         found.append(_cause("sidecar", sidecar, f"the sidecar took {sidecar:,.0f} ms before sending it",
                             sidecar_ms=round(sidecar, 1)))
     found.sort(key=lambda cause: (cause["cause"] not in _CATEGORICAL, -cause["ms"]))

@@ -118,6 +118,8 @@ class RequestRecord:
     """The proxy's estimate of the prompt's tokens: the length bucket of a stream cut before its usage chunk."""
     client_wait_s: float = 0.0
     """Time the stream waited for the client to take its bytes (its socket full: a slow reader)."""
+    refused: bool = False
+    """The sidecar answered it itself (admission, body limits, signature, shedding): it never went upstream."""
     engine: EngineRequestStats | None = None
     """vLLM's own numbers for the request, from the stat-logger plugin (serve.engine_stats_listen)."""
     answer_phases: AnswerPhases | None = None

@@ -628,7 +628,7 @@ class Proxy:
     @staticmethod
     def _refuse(request: Exchange, record: RequestRecord, refusal: Refusal, headers: dict[str, str]) -> None:
         """The sidecar's own answer to a request it does not forward."""
-        record.http_status, record.outcome = refusal.status, refusal.outcome
+        record.http_status, record.outcome, record.refused = refusal.status, refusal.outcome, True
         record.error_type, record.error_message = refusal.kind, refusal.message
         headers = {**headers, "Content-Type": "application/json"}
         if refusal.retry_after_s is not None:

@@ -361,3 +361,23 @@ async def test_a_gpu_that_slows_its_clocks_is_gpu_throttled_with_nvmls_readings(
     assert cooler["context"]["gpu_clock_events"] == []
     assert "gpu_throttled" not in {c["cause"] for c in cooler["causes"]}
     setup.plugin.close()
+
+
+async def test_a_request_the_sidecar_refused_is_the_sidecars_with_the_refusal_the_client_got(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]]
+) -> None:
+    """A body over serve.max_body_bytes: all its time is the sidecar's, and the cause is the sidecar's refusal
+    with the status and error type the client received, not an upstream error."""
+    setup = await _setup(aiohttp_server, aiohttp_client, max_body_bytes=16)
+    response = await setup.client.post("/v1/completions", json={"model": "fake-model", "prompt": "a long prompt"},
+                                       headers={"traceparent": f"00-{_trace(10)}-00f067aa0ba902b7-01"})
+    answered = await response.json()
+    status, explanation = await setup.explain_when_finished(_trace(10))
+    assert status == 200
+    assert [(p["name"], p["share"]) for p in explanation["phases"]] == [("sidecar", 1.0)]
+    (cause,) = explanation["causes"]
+    assert cause["cause"] == "sidecar"
+    assert cause["evidence"]["refused"] is True
+    assert cause["evidence"]["http_status"] == response.status == 413
+    assert cause["evidence"]["error_type"] == answered["error"]["type"]
+    setup.plugin.close()
