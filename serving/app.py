@@ -44,7 +44,7 @@ from serving.explain import ContextSources, RequestRing, add_explain_routes
 from serving.front import Front
 from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
-from serving.proxy import FinishHook, Observer, Proxy, run_observers, upstream_address
+from serving.proxy import FinishHook, Observer, Proxy, run_observers
 from serving.rule_engine import RULE_RUNNER, rule_engine_ctx
 from serving.shadow import ShadowCopies, add_shadow_routes
 from serving.showback.schedule import showback_schedule_ctx
@@ -53,6 +53,7 @@ from serving.signing import SignatureVerifier, load_key
 from serving.tenancy import Tenancy
 from serving.tracing import Tracing
 from serving.upstream_choice import readiness_ctx as upstream_readiness_ctx
+from serving.upstream_http import upstream_address
 from serving.workers import (
     FORWARDED_PATHS,
     RECORDS_PATH,

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -43,6 +42,7 @@ from serving.upstream_http import (
     UnreachableError,
     UpstreamConnection,
     UpstreamPool,
+    upstream_address,
 )
 
 if TYPE_CHECKING:
@@ -61,13 +61,6 @@ REQUEST_HEADERS_DROPPED = HOP_BY_HOP | {"host", "content-length", "accept-encodi
 RESPONSE_HEADERS_DROPPED = HOP_BY_HOP | {"content-length", "content-encoding", "server", "date"}
 MAX_MODEL_LABELS = 64
 PROMPT_PLACEHOLDER = "[prompt text]"
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def upstream_address(upstream: str) -> tuple[str, int]:
-    """The upstream's host and port (``server.address``, ``server.port``), the scheme's port when none is given."""
-    parts = urlsplit(upstream)
-    return parts.hostname or "", parts.port or _DEFAULT_PORTS[parts.scheme]
 
 
 _PROBLEMS = {

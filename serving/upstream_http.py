@@ -348,6 +348,13 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
 
+def upstream_address(base_url: str) -> tuple[str, int]:
+    """The host and port of an http(s) base URL (``server.address``, ``server.port``), the scheme's port when
+    none is given."""
+    parts = urlsplit(base_url)
+    return parts.hostname or "", parts.port or _DEFAULT_PORTS[parts.scheme]
+
+
 class UpstreamPool:
     """Connections to one upstream (``http://`` or ``https://`` base URL, any path prefix), kept alive and reused."""
 
@@ -356,9 +363,7 @@ class UpstreamPool:
         if problem is not None:
             raise ValueError(f"upstream {base_url!r} {problem}")
         parts = urlsplit(base_url)
-        assert parts.hostname is not None  # http_url checked it
-        self._host = parts.hostname
-        self._port = parts.port or _DEFAULT_PORTS[parts.scheme]
+        self._host, self._port = upstream_address(base_url)
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
         self._host_header = parts.netloc.rpartition("@")[2]
         self._prefix = parts.path.rstrip("/")
