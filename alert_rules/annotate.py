@@ -6,7 +6,7 @@ import dataclasses
 
 from alert_rules.config import RulesConfig
 from alert_rules.spec import AlertRule, RuleGroup, Severity
-from exporters.catalog.engines import families_in, missing_note
+from exporters.catalog.engines import families_in, missing_engines
 
 
 def runbook_url(config: RulesConfig, alert: AlertRule) -> str:
@@ -21,8 +21,8 @@ ENGINES_ANNOTATION = "engines_without_data"
 def engines_without_data(alert: AlertRule) -> str:
     """One sentence naming the engines on which ``alert`` cannot fire, and why (exporters/catalog/engines.py);
     ``""`` when every engine feeds what it reads."""
-    note = missing_note(families_in(alert.expr))
-    return f"Cannot fire in front of these engines, which do not feed what it reads: {note}" if note else ""
+    engines = missing_engines(families_in(alert.expr))
+    return f"Cannot fire in front of {engines}: it reads what they do not export." if engines else ""
 
 
 def annotate_alert(config: RulesConfig, alert: AlertRule) -> AlertRule:

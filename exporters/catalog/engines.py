@@ -272,13 +272,15 @@ def missing_on(names: Iterable[str]) -> dict[Engine, str]:
     return {engine: "; ".join(texts) for engine, texts in out.items()}
 
 
+def missing_engines(names: Iterable[str]) -> str:
+    """The engines that do not feed some of ``names``, each with why (``llama.cpp (...), Ollama (...)``), or ``""``."""
+    return ", ".join(f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing_on(names).items()))
+
+
 def missing_note(names: Iterable[str]) -> str:
-    """One sentence naming the engines on which a rule or panel reading ``names`` stays empty, or ``""``."""
-    missing = missing_on(names)
-    if not missing:
-        return ""
-    parts = [f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing.items())]
-    return "No data on " + ", ".join(parts) + "."
+    """One sentence naming the engines on which a panel reading ``names`` stays empty, or ``""``."""
+    engines = missing_engines(names)
+    return f"No data on {engines}." if engines else ""
 
 
 SPECS: tuple[MetricSpec, ...] = (
