@@ -18,6 +18,7 @@ the numbers written below; the test checks the normalized view against them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import os
@@ -69,18 +70,16 @@ def main(out: Path) -> None:
     package.__path__ = [str(src / "sglang")]
     sys.modules["sglang"] = package
     sys.meta_path.insert(0, _StubFinder("sglang.srt.configs"))
+    import sglang.srt.observability.metrics_collector as mc
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
-
-    import sglang.srt.observability.metrics_collector as mc
 
     observability = types.SimpleNamespace(
         stat_loggers=None, enable_metrics=True, enable_metrics_for_all_schedulers=False, kv_events_config=None,
         extra_metric_labels=None, tokenizer_metrics_allowed_custom_labels=None, prompt_tokens_buckets=None,
         generation_tokens_buckets=None,
     )
-    observability_getter = mock.MagicMock(return_value=mock.MagicMock(**{
-        k: v for k, v in vars(observability).items()}))
+    observability_getter = mock.MagicMock(return_value=mock.MagicMock(**vars(observability)))
     schedule = mock.MagicMock(prefill_delayer_max_delay_passes=30, enable_priority_scheduling=False,
                               prefill_delayer_forward_passes_buckets=None, prefill_delayer_wait_seconds_buckets=None)
     with mock.patch.object(mc, "get_observability", observability_getter), \
@@ -98,10 +97,8 @@ def main(out: Path) -> None:
         for seconds in QUEUE_TIMES:
             scheduler.observe_queue_time(seconds)
         if hasattr(scheduler, "emit_constants"):
-            try:
+            with contextlib.suppress(TypeError):
                 scheduler.emit_constants(max_total_num_tokens=MAX_TOTAL_TOKENS)
-            except TypeError:
-                pass
         for prompt, generated, cached, e2e, ttft, tpot in REQUESTS:
             tokenizer.observe_time_to_first_token(base, ttft, stream=True)
             tokenizer.observe_inter_token_latency(base, tpot * (generated - 1), generated - 1)
