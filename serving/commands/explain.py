@@ -17,10 +17,20 @@ from typing import Any
 
 from alert_rules.engine import RuleFileError, parse_duration_ms
 from exporters.errors import InferwatchError
-from exporters.explain import SLOWEST_MAX, EngineContext, explain, facts_from_log_event, slowest_row
+from exporters.explain import (
+    SLOWEST_MAX,
+    EngineContext,
+    cold_starts_from_json,
+    explain,
+    facts_from_json,
+    facts_from_log_event,
+    slowest_row,
+)
 from log_pipeline.errors import ArchiveError
 from log_pipeline.query import Archive, Filter, ts_ms
 from serving.commands.logs import trace_id
+from serving.explain_prometheus import PrometheusContextError, context_from_prometheus
+from serving.signing import read_secret_file
 
 DEFAULT_SIDECAR = "http://127.0.0.1:9100"
 SIDECAR_TIMEOUT_S = 10.0
@@ -28,7 +38,8 @@ BAR_WIDTH = 40
 HELP = """Explain one request: its time split into parts that add up to its end-to-end latency (the
 sidecar, connecting, vLLM's front end, the engine's queue, prefill and decode, a slow-reading client),
 the engine's state around it and the ranked causes. The sidecar's ring of recent requests is asked
-first (--sidecar), then the request-log archive (--dir). With --slowest N --since D: the N slowest
+first (--sidecar), then the request-log archive (--dir); with --prometheus, the engine's state around the
+request comes from that Prometheus. With --slowest N --since D: the N slowest
 requests of the last D with a one-line reason each. Exit 0 when found, 1 when not (saying where it
 looked). The JSON schema is in the README, "Explain a request"."""
 NEXT_STEP = {
@@ -45,6 +56,8 @@ NEXT_STEP = {
     "decode_contention": "the inter-token latency panels: a smaller batch (--max-num-seqs) for latency, or more "
     "replicas",
     "stall": "the engine board around that moment and vLLM's log (a stalled step: GC, swap, a host CPU spike)",
+    "gpu_throttled": "the GPU board's temperature, power and clock-event panels (cooling, power limit, "
+    "nvidia-smi -q -d PERFORMANCE)",
     "client_slow_read": "the client: it read its stream slower than vLLM wrote it",
     "sidecar": "the sidecar's own board (its CPU, serve --workers)",
     "none": "nothing: it was an ordinary request; `inferwatch explain --slowest 10 --since 15m` lists slower ones",
@@ -55,9 +68,11 @@ class RequestNotFoundError(InferwatchError, LookupError):
     """The request is in none of the places looked in; the message names them (exit 1)."""
 
 
-def _get_json(url: str) -> tuple[int, dict[str, Any]]:
+def _get_json(url: str, token: bytes | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {token.decode()}"} if token is not None else {}
     try:
-        with urllib.request.urlopen(url, timeout=SIDECAR_TIMEOUT_S) as response:  # noqa: S310 - the user's own --sidecar URL, opened for that user
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),  # noqa: S310 - the user's own --sidecar URL, opened for that user
+                                    timeout=SIDECAR_TIMEOUT_S) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         try:
@@ -66,10 +81,12 @@ def _get_json(url: str) -> tuple[int, dict[str, Any]]:
             return err.code, {}
 
 
-def _from_sidecar(base: str, path: str, where: list[str]) -> dict[str, Any] | None:
+def _from_sidecar(args: argparse.Namespace, path: str, where: list[str]) -> dict[str, Any] | None:
+    base = args.sidecar
     url = base.rstrip("/") + path
+    token = read_secret_file(args.admin_token_file, "--admin-token-file", "token") if args.admin_token_file else None
     try:
-        status, body = _get_json(url)
+        status, body = _get_json(url, token)
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         where.append(f"the sidecar at {base} could not be asked ({reason})")
@@ -90,7 +107,7 @@ def _explain_event(event: dict[str, Any]) -> dict[str, Any]:
 
 def _find_one(args: argparse.Namespace) -> dict[str, Any]:
     where: list[str] = []
-    found = _from_sidecar(args.sidecar, f"/admin/requests/{args.trace_id}", where)
+    found = _from_sidecar(args, f"/admin/requests/{args.trace_id}", where)
     if found is not None:
         return found
     if args.dir:
@@ -110,7 +127,7 @@ def _find_one(args: argparse.Namespace) -> dict[str, Any]:
 def _slowest(args: argparse.Namespace) -> dict[str, Any]:
     where: list[str] = []
     query = {"slowest": str(args.slowest), "since": args.since} | ({"model": args.model} if args.model else {})
-    found = _from_sidecar(args.sidecar, "/admin/requests?" + urllib.parse.urlencode(query), where)
+    found = _from_sidecar(args, "/admin/requests?" + urllib.parse.urlencode(query), where)
     if found is not None and found["requests"]:
         return found | {"source": "ring"}
     if found is not None:
@@ -165,8 +182,12 @@ def render(explanation: dict[str, Any]) -> str:
         known = [f"{label} {context[key]:g}{suffix}" for key, label, suffix in (
             ("running_max", "running up to", ""), ("waiting_max", "waiting up to", ""),
             ("kv_usage_max", "KV usage up to", ""), ("preemptions_in_window", "vLLM preemptions around it", ""),
-            ("max_num_seqs", "max_num_seqs", " (rules.max_num_seqs)"))
-            if context[key] is not None]
+            ("max_num_seqs", "max_num_seqs", " (rules.max_num_seqs)"), ("in_flight_max", "in the sidecar up to", ""),
+            ("gpu_utilization_max", "GPU utilisation up to", ""), ("gpu_temperature_max", "GPU temperature up to",
+                                                                   " °C"))
+            if context.get(key) is not None]
+        if context.get("gpu_clock_events"):
+            known.append("GPU clock events " + ", ".join(context["gpu_clock_events"]))
         lines.append(f"Around it ({context['source']}): " + (", ".join(known) or "nothing recorded"))
     if e["engine_numbers"] is False:
         lines.append("vLLM's own phases are missing: run its stat-logger plugin (README, \"vLLM's own numbers\").")
@@ -174,11 +195,29 @@ def render(explanation: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _with_prometheus(explanation: dict[str, Any], prometheus: str) -> dict[str, Any]:
+    """The explanation again, with the engine's state around the request from Prometheus (the sidecar's
+    ``max_num_seqs`` and cold starts kept); the first one, with a note, when Prometheus cannot be asked."""
+    facts = facts_from_json(explanation["facts"])
+    known = explanation["context"]
+    try:
+        context = context_from_prometheus(prometheus, facts.model, facts.start_unix, facts.end_unix,
+                                          max_num_seqs=known.get("max_num_seqs"),
+                                          cold_starts=cold_starts_from_json(known))
+    except PrometheusContextError as err:
+        print(f"inferwatch explain: {err}; the context stays {known['source']}'s", file=sys.stderr)
+        return explanation
+    peers = {part: peer["p50_ms"] for part, peer in explanation["peers"].items()}
+    return explain(facts, context, source=explanation["source"], peers_p50_ms=peers)
+
+
 def _run(args: argparse.Namespace) -> int:
     if (args.trace_id is None) == (args.slowest is None):
         print("inferwatch explain: give a TRACE_ID or --slowest N (not both)", file=sys.stderr)
         return 2
     result = _find_one(args) if args.trace_id is not None else _slowest(args)  # RequestNotFoundError: exit 1
+    if args.prometheus and args.trace_id is not None:
+        result = _with_prometheus(result, args.prometheus)
     if args.json:
         print(json.dumps(result))
     elif args.trace_id is not None:
@@ -215,6 +254,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", metavar="M", help="With --slowest: only this model's requests.")
     parser.add_argument("--sidecar", default=DEFAULT_SIDECAR, metavar="URL",
                         help=f"The sidecar's base URL (default {DEFAULT_SIDECAR}).")
+    parser.add_argument("--admin-token-file", metavar="PATH",
+                        help="A file holding the sidecar's serve.admin_token_file token, sent as a bearer token: "
+                        "needed when the sidecar is not on this machine's loopback (the /admin access rule).")
     parser.add_argument("--dir", metavar="ARCHIVE", help="The request-log archive to search next.")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="Read the engine's state around the request from this Prometheus (it scrapes the "
+                        "sidecar) instead of the sidecar's own history; for one TRACE_ID, not --slowest.")
     parser.add_argument("--json", action="store_true", help="The explanation as JSON (schema inferwatch.explain/1).")
     parser.set_defaults(func=_run)

@@ -78,7 +78,8 @@ class Setup:
 
 async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
                  aiohttp_client: Callable[..., Awaitable[TestClient]], token_delay_s: float = TOKEN_DELAY_S,
-                 rules_interval_s: float = 15.0, archive: str = "", gpu_interval_s: float = 5.0, **serve: Any) -> Setup:
+                 rules_interval_s: float = 15.0, archive: str = "", gpu_interval_s: float = 5.0,
+                 remote: str | None = None, **serve: Any) -> Setup:
     upstream = await aiohttp_server(FakeOpenAI(token_delay_s=token_delay_s, record=False).app())
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -90,6 +91,13 @@ async def _setup(aiohttp_server: Callable[..., Awaitable[TestServer]],
     settings = cfg.replace(settings, "gpu", interval_s=gpu_interval_s)
     settings = cfg.replace(settings, "logs", dir=archive, success_sample_ratio=1.0, frame_max_ms=20.0)
     app = build_app(settings)
+    if remote is not None:  # every client seen from ``remote``, as if it were on another machine
+        @web.middleware
+        async def from_remote(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                              ) -> web.StreamResponse:
+            return await handler(request.clone(remote=remote))
+
+        app.middlewares.insert(0, from_remote)
     finished: dict[str, RequestRecord] = {}
     app[OBSERVERS].append(lambda record, _span: finished.__setitem__(record.trace_id, record))
     setup = Setup(await aiohttp_client(app), finished, port)
@@ -381,3 +389,45 @@ async def test_a_request_the_sidecar_refused_is_the_sidecars_with_the_refusal_th
     assert cause["evidence"]["http_status"] == response.status == 413
     assert cause["evidence"]["error_type"] == answered["error"]["type"]
     setup.plugin.close()
+
+
+async def test_a_sidecar_elsewhere_explains_with_the_admin_token_file_and_refuses_without(
+    aiohttp_server: Callable[..., Awaitable[TestServer]], aiohttp_client: Callable[..., Awaitable[TestClient]],
+    tmp_path: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Seen from a non-loopback address, a sidecar with serve.admin_token_file answers `inferwatch explain` with
+    --admin-token-file (exit 0) and refuses it without (exit 1, naming its 401)."""
+    token = tmp_path / "admin-token"
+    token.write_text("admin-token-0123456789abcdef\n")
+    setup = await _setup(aiohttp_server, aiohttp_client, remote="192.0.2.7", admin_token_file=str(token))
+    await setup.request(_trace(11))
+    await setup.explain_when_finished(_trace(11))
+    base = str(setup.client.make_url("")).rstrip("/")
+    loop = asyncio.get_running_loop()
+    refused = await loop.run_in_executor(None, main, ["explain", _trace(11), "--sidecar", base])
+    assert refused == 1
+    assert "HTTP 401" in capsys.readouterr().err
+    found = await loop.run_in_executor(None, main, ["explain", _trace(11), "--sidecar", base, "--admin-token-file",
+                                                    str(token), "--json"])
+    assert found == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["trace_id"] == _trace(11)
+    setup.plugin.close()
+
+
+async def test_an_unreachable_prometheus_leaves_the_sidecars_context_and_says_so(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prometheus at an address nobody listens on: the explanation is still printed (exit 0) with the sidecar's
+    own context, and stderr names the Prometheus that could not be asked."""
+    await setup.request(_trace(12))
+    _, own = await setup.explain_when_finished(_trace(12))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    base = str(setup.client.make_url("")).rstrip("/")
+    found = await asyncio.get_running_loop().run_in_executor(
+        None, main, ["explain", _trace(12), "--sidecar", base, "--prometheus", nobody, "--json"])
+    assert found == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out.splitlines()[-1])["context"]["source"] == own["context"]["source"]
+    assert f"Prometheus at {nobody} could not be asked" in said.err
