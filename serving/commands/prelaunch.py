@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
+
 from serving.loadtest.capacity import DEFAULT_HEADROOM_PER_100_RPM
+from serving.loadtest.errors import LoadTestError
 from serving.prelaunch import baseline as bl
 from serving.prelaunch import checklist
 from serving.prelaunch.checklist import Item
@@ -130,7 +133,11 @@ async def run_checklist(spec: PrelaunchSpec, progress: Say, only: tuple[str, ...
     items: list[Item] = []
     for number, run in enumerate(runs, 1):
         progress(f"[{number}/{len(runs)}] {run.__name__.replace('_', ' ')}")
-        item = await run(ctx)
+        try:
+            item = await run(ctx)
+        except (LoadTestError, aiohttp.ClientError, TimeoutError, OSError) as err:  # this line fails, the rest run
+            line = (run.__doc__ or run.__name__).strip().splitlines()[0].rstrip(".")
+            item = Item(run.__name__, line, "fail", f"Could not run: {type(err).__name__}: {err}")
         items.append(item)
         progress(f"[{number}/{len(runs)}] {item.verdict.upper()}: {item.line}: {item.finding}")
     return items, ctx.warnings

@@ -106,6 +106,12 @@ def usage_count(session: aiohttp.ClientSession, url: str, model: str, *, chat: b
     return count
 
 
+PROBE_TOKENS = 64
+"""The short prompt that gives the tokens-per-word ratio before a length near the context is guessed."""
+CAP_AIM = 0.97
+"""A length capped to the context is first guessed this much below it (an overshoot is a refused request)."""
+
+
 async def fit_words(target: int, count: Count, first_guess: int) -> tuple[int, int, int]:
     """The word count whose prompt has the most tokens not above ``target``: (words, tokens, counts made).
 
@@ -150,7 +156,19 @@ async def calibrate(
         raise LoadTestError(url, f"max_tokens {max_tokens} leaves no room for a prompt in max_model_len {context}")
     result = Calibration("tokenize", context)
     count = tokenize_count(session, url, model, chat=chat)
-    ratio = 1.0
+    ratio: float | None = None
+
+    async def fit(goal: int, guess: int) -> tuple[int, int, int]:
+        nonlocal count
+        try:
+            return await fit_words(goal, count, guess)
+        except LookupError:
+            result.method = "usage"
+            count = usage_count(session, url, model, chat=chat)
+            return await fit_words(goal, count, guess)
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            raise LoadTestError(url, f"cannot count prompt tokens: {type(err).__name__}: {err}") from err
+
     for asked in targets:
         goal = asked
         if limit is not None and asked > limit:
@@ -158,14 +176,14 @@ async def calibrate(
             result.warnings.append(f"prompt length {asked} is above the model's context (max_model_len {context} "
                                    f"less max_tokens {max_tokens}); capped at {limit} tokens")
             say(f"warning: {result.warnings[-1]}")
-        try:
-            words, tokens, made = await fit_words(goal, count, round(goal / ratio))
-        except LookupError:
-            result.method = "usage"
-            count = usage_count(session, url, model, chat=chat)
-            words, tokens, made = await fit_words(goal, count, round(goal / ratio))
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            raise LoadTestError(url, f"cannot count prompt tokens: {type(err).__name__}: {err}") from err
+        if ratio is None and limit is not None and goal > PROBE_TOKENS:
+            # Counting by usage, a first guess over the context is refused outright: learn the ratio on a short
+            # prompt, and aim a little below the goal at first.
+            words, tokens, made = await fit(PROBE_TOKENS, PROBE_TOKENS)
+            result.counts += made
+            ratio = tokens / words if words else 1.0
+        first_guess = round(goal / (ratio or 1.0) * (CAP_AIM if limit is not None and goal == limit else 1.0))
+        words, tokens, made = await fit(goal, first_guess)
         result.counts += made
         ratio = tokens / words if words else ratio
         if tokens != goal:
