@@ -454,6 +454,8 @@ class Proxy:
             record.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
             if upstream.status >= 400:
                 data, message, record.error_type = upstream_error_body(data, upstream.status, record.trace_id)
+                if record.route in NATIVE_STREAM_ROUTES:  # Ollama's clients read "error" as a string
+                    data = error_line(message or "", record.error_type, record.trace_id)
                 record.error_message = message[:500] if message is not None else None
                 response_headers["Content-Type"] = "application/json"
             else:

@@ -194,12 +194,22 @@ class FakeOllama:
             {"id": name, "object": "model", "created": 1764496800, "owned_by": "library"} for name in MODELS]})
 
 
+async def root(_request: web.Request) -> web.Response:
+    """``GET /``: Ollama's liveness text."""
+    return web.Response(text="Ollama is running")
+
+
+async def version(_request: web.Request) -> web.Response:
+    """``GET /api/version``."""
+    return web.json_response({"version": "0.12.6"})
+
+
 def build_app(fake: FakeOllama | None = None) -> web.Application:
     """The fake's aiohttp application."""
     fake = fake or FakeOllama()
     app = web.Application()
-    app.router.add_get("/", lambda _r: web.Response(text="Ollama is running"))
-    app.router.add_get("/api/version", lambda _r: web.json_response({"version": "0.12.6"}))
+    app.router.add_get("/", root)
+    app.router.add_get("/api/version", version)
     app.router.add_get("/api/tags", fake.tags)
     app.router.add_get("/api/ps", fake.ps)
     app.router.add_post("/api/generate", fake.native)
