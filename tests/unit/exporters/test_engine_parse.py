@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import derive
 from exporters.catalog import engine as ce
+from exporters.catalog import llamacpp as cl
+from exporters.catalog import sglang as cs
 from exporters.catalog.engines import Engine
 from exporters.collectors import EngineCollector, EngineState, register_collectors
 from exporters.engine_parse import engine_of_answers, engine_of_exposition, parse_engine_exposition
@@ -106,3 +108,14 @@ def test_ollama_and_a_llamacpp_without_metrics_are_told_by_their_endpoints() -> 
                '`--metrics`","type":"not_supported_error"}}')
     assert engine_of_answers(501, refusal, 404, "{}") == (Engine.LLAMACPP, "endpoint")
     assert engine_of_answers(None, "", None, "") == (None, "none")
+
+
+@pytest.mark.parametrize(("text", "specs"), [
+    pytest.param(SGLANG, "sglang", id="every SGLang family the catalog reads is in SGLang's own exposition"),
+    pytest.param(LLAMACPP, "llamacpp", id="every llama.cpp family the catalog reads is in its server's text"),
+])
+def test_the_catalog_names_only_families_the_engine_writes(text: str, specs: str) -> None:
+    """A family renamed or dropped by the engine would read as absent forever: the catalog must match its text."""
+    module = {"sglang": cs, "llamacpp": cl}[specs]
+    written = {family.name for family in text_string_to_metric_families(text)}
+    assert {spec.name.removesuffix("_total") for spec in module.SPECS} <= written
