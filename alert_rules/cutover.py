@@ -12,14 +12,15 @@ from alert_rules.scenario import MODEL, UPSTREAM, Scenario, Series, counter_valu
 from alert_rules.slo import SERVED, error_outcomes
 from alert_rules.spec import AlertRule, RuleGroup, Severity, any_of, duration, number, selector
 from exporters.catalog.cutover import (
+    EMOJI_DENSE,
+    OTHER_MODEL,
+    PLAIN,
     TEXT_CLASS_REQUESTS,
     UPSTREAM_TOKENIZER,
     UPSTREAM_TOKENIZER_CHANGES,
     WRONG_MODEL_REQUESTS,
 )
 from exporters.catalog.request import REQUESTS
-from exporters.model_match import OTHER_MODEL
-from exporters.text_class import EMOJI_DENSE, PLAIN
 
 FIND_CLIENTS = (
     "Who sends them: the request records' `client` (serve.client_header, else the User-Agent), `requested_model` "

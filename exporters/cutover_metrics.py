@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from exporters.catalog import cutover as cat
-from exporters.model_match import RETIRED_MODEL
+from exporters.catalog.cutover import RETIRED_MODEL
 from exporters.records import RequestRecord
 
 

@@ -18,12 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-OTHER_MODEL = "other_model"
-"""The answer's ``model`` is neither the requested one nor one of its aliases or renames."""
-RETIRED_MODEL = "retired_model"
-"""The request names a model on ``serve.retired_models``."""
-REASONS = (OTHER_MODEL, RETIRED_MODEL)
-"""Every value of the ``reason`` label of ``inferwatch_wrong_model_requests_total``."""
+from exporters.catalog.cutover import OTHER_MODEL, RETIRED_MODEL
 
 
 def aliases_from_models(payload: Any) -> dict[str, frozenset[str]]:
@@ -82,4 +77,4 @@ def model_names(renames: Mapping[str, str], retired: Iterable[str]) -> ModelName
     return ModelNames({}, dict(renames), frozenset(retired))
 
 
-__all__ = ["OTHER_MODEL", "REASONS", "RETIRED_MODEL", "ModelNames", "aliases_from_models", "model_names"]
+__all__ = ["OTHER_MODEL", "RETIRED_MODEL", "ModelNames", "aliases_from_models", "model_names"]

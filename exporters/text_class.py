@@ -20,11 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-PLAIN = "plain"
-EMOJI_DENSE = "emoji_dense"
-CJK = "cjk"
-TEXT_CLASSES = (PLAIN, EMOJI_DENSE, CJK)
-"""Every value of the ``text_class`` label."""
+from exporters.catalog.cutover import CJK, EMOJI_DENSE, PLAIN, TEXT_CLASSES
+
 CJK_SHARE = 1 / 3
 """Share of the characters other than spaces and line breaks that must be CJK for the ``cjk`` class."""
 

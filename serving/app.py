@@ -211,8 +211,11 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app[PROXY] = proxy
 
     app.cleanup_ctx.append(_client_session)
-    app.cleanup_ctx.append(_upstream_readiness(
-        app, proxy, lambda url, ok: metrics.upstream_ready.labels(url).set(1.0 if ok else 0.0)))
+    def extra_upstream_probed(url: str, ok: bool) -> None:
+        metrics.upstream_ready.labels(url).set(1.0 if ok else 0.0)
+        cutover.readiness(url, ok)  # the long lane's, the canary's and the shadow's tokenizers too
+
+    app.cleanup_ctx.append(_upstream_readiness(app, proxy, extra_upstream_probed))
     app.cleanup_ctx.append(_record_sink)
     if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
         app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from exporters.catalog.spec import MetricSpec, MetricType
 
+OTHER_MODEL = "other_model"
+"""``reason``: the answer's ``model`` is neither the requested one nor one of its aliases or renames."""
+RETIRED_MODEL = "retired_model"
+"""``reason``: the request names a model on ``serve.retired_models``."""
+WRONG_MODEL_REASONS = (OTHER_MODEL, RETIRED_MODEL)
+"""Every value of the ``reason`` label of the wrong-model family."""
+PLAIN, EMOJI_DENSE, CJK = "plain", "emoji_dense", "cjk"
+TEXT_CLASSES = (PLAIN, EMOJI_DENSE, CJK)
+"""Every value of the ``text_class`` label (exporters/text_class.py decides which)."""
+
 WRONG_MODEL_REQUESTS = MetricSpec(
     "inferwatch_wrong_model_requests", MetricType.COUNTER,
     "Requests answered by another model than the one they asked for (reason other_model: the answer's model is "

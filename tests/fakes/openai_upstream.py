@@ -24,6 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
+from exporters.tokenizer_drift import PROBE_TEXTS
+
 PROMPT_TOKENS = 7
 
 
@@ -55,6 +57,8 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.cancelled = 0
         self.tokenize_calls = 0
+        """Calls of /tokenize for a request's prompt size (serve.exact_live_token_counts)."""
+        self.fingerprint_probes = 0
         self.generations = 0
         self.health_checks = 0
         self.count_prompt_words = count_prompt_words
@@ -102,7 +106,10 @@ class FakeOpenAI:
     async def tokenize(self, request: web.Request) -> web.Response:
         """Every prompt is PROMPT_TOKENS tokens long (or counted by words, see ``count_prompt_words``)."""
         body = await request.json()
-        self.tokenize_calls += 1
+        if body.get("prompt") in PROBE_TEXTS:  # the sidecar's tokenizer fingerprint, taken when it sees us ready
+            self.fingerprint_probes += 1
+        else:
+            self.tokenize_calls += 1
         return web.json_response({"count": self.prompt_tokens(body), "max_model_len": self.max_model_len or 2048,
                                   "tokens": []})
 
