@@ -65,6 +65,14 @@ def dashboards(config: DashboardConfig, rules: RulesConfig) -> dict[str, dict[st
     return out
 
 
+def explain_link(config: DashboardConfig) -> list[dict[str, str]]:
+    """The exemplar destination that opens the sidecar's explanation of the request (none without a base URL)."""
+    if not config.explain_base_url:
+        return []
+    url = config.explain_base_url.rstrip("/") + "/admin/requests/${__value.raw}"
+    return [{"name": config.exemplar_label, "url": url, "urlDisplayLabel": "Explain this request"}]
+
+
 def datasources(config: DashboardConfig) -> dict[str, Any]:
     """Grafana datasource provisioning: Prometheus with exemplar links into the trace datasource."""
     prometheus = {
@@ -74,6 +82,7 @@ def datasources(config: DashboardConfig) -> dict[str, Any]:
             "httpMethod": "POST",
             "exemplarTraceIdDestinations": [
                 {"name": config.exemplar_label, "datasourceUid": config.trace_datasource_uid},
+                *explain_link(config),
             ],
         },
     }

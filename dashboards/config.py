@@ -24,6 +24,10 @@ def _tags(value: Any) -> str | None:
     return None if all(isinstance(t, str) and t for t in value) else "must be a list of non-empty strings"
 
 
+def _empty_or_http_url(value: Any) -> str | None:
+    return None if value == "" else http_url(value)
+
+
 @dataclass(frozen=True, slots=True)
 class DashboardConfig:
     """Section ``[dashboards]``: Grafana boards and the provisioning files written with them."""
@@ -52,6 +56,12 @@ class DashboardConfig:
     )
     exemplar_label: str = setting(
         "trace_id", "Exemplar label that holds the trace id (the sidecar writes trace_id)."
+    )
+    explain_base_url: str = setting(
+        "", "Base URL of the sidecar (or a proxy in front of its /admin) that the latency panels' exemplars also "
+        "link to: 'Explain this request' opens BASE/admin/requests/TRACE_ID (inferwatch explain's JSON). Empty: "
+        "no such link. The /admin access rule applies: loopback, or a proxy that adds the bearer token.",
+        check=_empty_or_http_url,
     )
     sidecar_job: str = setting("inferwatch", "Prometheus job name that scrapes the sidecar.")
     vllm_job: str = setting("vllm", "Prometheus job name that scrapes vLLM directly.")

@@ -85,6 +85,18 @@ def test_exemplar_links_point_at_the_trace_datasource() -> None:
     assert (traces["type"], traces["url"]) == ("tempo", "http://tempo:3200")
 
 
+def test_exemplars_also_link_to_the_sidecars_explanation_when_its_url_is_set() -> None:
+    """With dashboards.explain_base_url, a second exemplar destination opens BASE/admin/requests/<trace id> (the
+    route `inferwatch explain` reads); without it, none."""
+    assert len(datasources(DashboardConfig())["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"]) == 1
+    config = from_mapping(DashboardConfig, {"explain_base_url": "http://sidecar:9100/"}, "dashboards")
+    _, explain = datasources(config)["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"]
+    assert explain == {"name": "trace_id", "url": "http://sidecar:9100/admin/requests/${__value.raw}",
+                       "urlDisplayLabel": "Explain this request"}
+    with pytest.raises(ConfigError, match=r"dashboards\.explain_base_url"):
+        from_mapping(DashboardConfig, {"explain_base_url": "sidecar:9100"}, "dashboards")
+
+
 def test_bad_dashboard_config_names_the_key() -> None:
     """An unknown trace backend is a ConfigError naming dashboards.trace_backend."""
     with pytest.raises(ConfigError, match=r"dashboards\.trace_backend"):
