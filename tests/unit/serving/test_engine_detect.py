@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from structlog.testing import capture_logs
 
 from exporters.catalog.engines import Engine
+from serving.app import READINESS, build_app
 from serving.config import defaults, replace
 from serving.engine_detect import EngineDetector, EngineInfoCollector
 from serving.engine_watch import EngineWatch
@@ -77,3 +78,12 @@ async def test_the_engine_watch_reads_the_scrape_as_the_engines_and_skips_ollama
     await ollama.stop()
     assert ollama.latest_text is None
     assert not dict(ollama.state.failures)
+
+
+def test_ollamas_readiness_is_its_root_unless_a_path_was_configured() -> None:
+    """Ollama has no /health: its root answers readiness; a configured serve.readiness_path is kept."""
+    upstream = "http://127.0.0.1:11434"
+    for configured, expected in (("/health", upstream + "/"), ("/api/version", upstream + "/api/version")):
+        settings = replace(defaults(), "serve", upstream=upstream, engine="ollama", readiness_path=configured)
+        app = build_app(settings, CollectorRegistry())
+        assert app[READINESS].url == expected
