@@ -4,7 +4,7 @@ Pure: fed request events (the log records' dicts, from the archive or the sideca
 counts the shadowed requests by result, and over those both upstreams answered it compares the
 shadow with the primary (what the client got):
 
-- match rate: matches / (matches + mismatches); ``not_compared`` (streamed) answers are left out;
+- match rate: matches / (matches + mismatches); ``not_compared`` answers (a side without text) are left out;
 - latency ratios: the shadow's p50 and p99 end-to-end latency (and TTFT) over the primary's, each
   percentile taken over the same requests (nearest rank);
 - error delta: the shadow's error ratio minus the primary's (errors: upstream_error, timeout, overloaded).

@@ -440,6 +440,7 @@ class Proxy:
                     expect_done=outgoing.stream,
                     strip_usage_chunk=outgoing.stream and not outgoing.client_usage,
                     strip_usage_field=outgoing.stream and self._exact_usage and not outgoing.client_continuous,
+                    shadow=shadow,
                 )
                 return
             try:
@@ -504,6 +505,7 @@ class Proxy:
         expect_done: bool,
         strip_usage_chunk: bool,
         strip_usage_field: bool,
+        shadow: ShadowCopies | None = None,
     ) -> None:
         key, inflight = record.span_id, self._inflight
 
@@ -520,7 +522,8 @@ class Proxy:
         if record.prompt_tokens_estimate is not None:
             inflight.track(key, record.model, record.prompt_tokens_estimate, reader.stats)
         client = await request.start_stream(upstream.status, headers)
-        relay = StreamRelay(upstream, reader, self._config.read_timeout_s, deadline_ns)
+        relayed = reader if shadow is None else shadow.tap(record, reader)  # a shadowed stream keeps its text
+        relay = StreamRelay(upstream, relayed, self._config.read_timeout_s, deadline_ns)
         failure: tuple[Outcome, str, str] | None = None
         stats = reader.stats
         try:

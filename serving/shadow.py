@@ -1,16 +1,17 @@
 """Shadow traffic: a copy of a sampled request goes to serve.shadow_upstream and is compared, never awaited.
 
 The copy is a task of its own, started once the request is admitted and chosen
-(:meth:`serving.upstream_choice.UpstreamChoice.shadowed`); the client's answer never waits for it.
+(:meth:`serving.upstream_choice.UpstreamChoice.shadow_for`); the client's answer never waits for it.
 What waits is the request's record: its metrics, log record and span are finished when the copy
 is done, at most serve.shadow_timeout_s later, and carry both sides' status, outcome, TTFT, e2e
 and tokens, and how far the outputs differ:
 
-- ``shadow_result``: ``match`` or ``mismatch`` when both answered and the client's answer was not
-  streamed; ``not_compared`` for a streamed answer (the proxy relays its bytes without keeping
-  its text); ``dropped_full`` (serve.shadow_max_inflight copies in flight), ``dropped_slow`` (past
-  serve.shadow_timeout_s) or ``dropped_down`` (refused, reset, or the shadow's readiness probe
-  failing) when the copy was dropped and its answer is unknown.
+- ``shadow_result``: ``match`` or ``mismatch`` when both answered with a text; ``not_compared``
+  when either has none (an error, an answer that is neither JSON nor SSE); ``dropped_full``
+  (serve.shadow_max_inflight copies in flight), ``dropped_slow`` (past serve.shadow_timeout_s)
+  or ``dropped_down`` (refused, reset, or the shadow's readiness probe failing) when the copy was
+  dropped and its answer is unknown. A streamed answer's text is what the relay forwarded to the
+  client (:class:`ForwardedText`, on shadowed streams only).
 - A greedy request (``temperature`` 0, or ``top_k`` 1) should give the same text on both sides: it
   matches only when the texts are equal. Any other request matches when its normalised token
   edit distance is 0.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from exporters.records import RequestRecord, outcome_of_status
 from log_pipeline.records import event_from_record
 from serving.endpoints import error_response
 from serving.explain import RequestRing
+from serving.stream_relay import PieceReader
 
 log = structlog.get_logger(__name__)
 
@@ -89,8 +91,34 @@ class ShadowAnswer:
 class _Copy:
     task: asyncio.Task[ShadowAnswer]
     greedy: bool
-    streamed: bool
     primary_text: str | None = None
+    forwarded: list[bytes] | None = None
+    """What the client's stream carried (its text is read from it once the copy is done)."""
+
+
+class ForwardedText:
+    """The SSE reader of a shadowed stream, keeping what it lets through to the client (a
+    :class:`serving.stream_relay.PieceReader`): the client's text, for the comparison. Only shadowed
+    streams get one; the relay of every other stream is untouched."""
+
+    def __init__(self, reader: PieceReader, kept: list[bytes]) -> None:
+        self._reader = reader
+        self._kept = kept
+
+    def feed(self, data: bytes, now_ns: int) -> bytes:
+        forwarded = self._reader.feed(data, now_ns)
+        self._kept.append(forwarded)
+        return forwarded
+
+    def take_event(self, data: bytes, start: int, end: int, now_ns: int) -> bool:
+        if not self._reader.take_event(data, start, end, now_ns):
+            return False
+        self._kept.append(data[start:end])
+        return True
+
+    @property
+    def broken(self) -> bool:
+        return self._reader.broken
 
 
 class ShadowCopies:
@@ -121,7 +149,7 @@ class ShadowCopies:
         self.in_flight += 1
         task = asyncio.create_task(self._send(path_qs, {**headers, SHADOW_HEADER: "1"}, body, streamed))
         task.add_done_callback(self._done)
-        self._copies[record.span_id] = _Copy(task, is_greedy(payload), streamed)
+        self._copies[record.span_id] = _Copy(task, is_greedy(payload))
 
     def primary_answer(self, record: RequestRecord, body: bytes) -> None:
         """The client's non-streamed answer, for the comparison (nothing happens for an unshadowed request)."""
@@ -129,6 +157,15 @@ class ShadowCopies:
         if copy is not None and body.startswith(b"{"):
             with contextlib.suppress(ValueError):  # not JSON: nothing to compare
                 copy.primary_text = output_text(orjson.loads(body))
+
+    def tap(self, record: RequestRecord, reader: PieceReader) -> PieceReader:
+        """The reader the relay of a streamed answer uses: ``reader`` itself, or for a shadowed request one that
+        keeps the client's text."""
+        copy = self._copies.get(record.span_id)
+        if copy is None:
+            return reader
+        copy.forwarded = []
+        return ForwardedText(reader, copy.forwarded)
 
     def after_copy(self, record: RequestRecord, finish: Callable[[], None]) -> Callable[[], None]:
         """``finish``, or, for a shadowed request, a call that runs it once its copy is done and compared."""
@@ -139,7 +176,9 @@ class ShadowCopies:
         def when_done(task: asyncio.Task[ShadowAnswer]) -> None:
             try:
                 answer = task.result() if not task.cancelled() else ShadowAnswer(dropped="slow")
-                compare(record, answer, copy.primary_text, greedy=copy.greedy, streamed=copy.streamed)
+                if copy.forwarded is not None:
+                    copy.primary_text = stream_text(b"".join(copy.forwarded).splitlines())
+                compare(record, answer, copy.primary_text, greedy=copy.greedy)
             except Exception:  # a comparison must never lose the request's record
                 log.exception("shadow_comparison_failed", trace_id=record.trace_id)
             finish()
@@ -194,34 +233,50 @@ def _read_usage(obj: dict[str, Any], answer: ShadowAnswer) -> None:
         answer.completion_tokens = usage.get("completion_tokens")
 
 
+def _event(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of an SSE ``data:`` line, or None (another line, ``[DONE]``, not an object)."""
+    if not line.startswith(b"data:"):
+        return None
+    try:
+        event = orjson.loads(line[5:].strip())
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    """The text an SSE chunk adds (a chat delta's content or a completion's text, every choice's)."""
+    pieces = []
+    for choice in event.get("choices") or ():
+        delta = choice.get("delta") if isinstance(choice, dict) else None
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str):
+            pieces.append(text)
+    return "".join(pieces)
+
+
+def stream_text(lines: Iterable[bytes]) -> str:
+    """The whole text of an SSE stream's lines."""
+    return "".join(_event_text(event) for line in lines if (event := _event(line)) is not None)
+
+
 async def _read_stream(response: aiohttp.ClientResponse, answer: ShadowAnswer, start_ns: int) -> None:
     """Read the shadow's SSE stream: the first content event's time, the text and the usage."""
     pieces: list[str] = []
     async for line in response.content:
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            break
-        try:
-            event = orjson.loads(data)
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
+        event = _event(line)
+        if event is None:
             continue
         _read_usage(event, answer)
-        for choice in event.get("choices") or ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-            if isinstance(text, str) and text:
-                if answer.ttft_s is None:
-                    answer.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
-                pieces.append(text)
+        text = _event_text(event)
+        if text:
+            if answer.ttft_s is None:
+                answer.ttft_s = (time.perf_counter_ns() - start_ns) / 1e9
+            pieces.append(text)
     answer.text = "".join(pieces)
 
 
-def compare(record: RequestRecord, answer: ShadowAnswer, primary_text: str | None, *, greedy: bool,
-            streamed: bool) -> None:
+def compare(record: RequestRecord, answer: ShadowAnswer, primary_text: str | None, *, greedy: bool) -> None:
     """Fill the record's ``shadow_*`` fields from the shadow's answer and the client's text."""
     if answer.dropped is not None:
         record.shadow_result = f"dropped_{answer.dropped}"
@@ -230,7 +285,7 @@ def compare(record: RequestRecord, answer: ShadowAnswer, primary_text: str | Non
     record.shadow_outcome = str(outcome_of_status(answer.status))
     record.shadow_ttft_s, record.shadow_e2e_s = answer.ttft_s, answer.e2e_s
     record.shadow_prompt_tokens, record.shadow_completion_tokens = answer.prompt_tokens, answer.completion_tokens
-    if streamed or primary_text is None or answer.text is None:
+    if primary_text is None or answer.text is None:
         record.shadow_result = "not_compared"
         return
     record.shadow_distance = distance = output_distance(primary_text, answer.text)

@@ -52,7 +52,7 @@ PRIORITY_ENGINE_QUEUE_SECONDS = MetricSpec(
 SHADOW_REQUESTS = MetricSpec(
     "inferwatch_shadow_requests", MetricType.COUNTER,
     "Shadowed requests both upstreams answered, by model and result: match (same output), mismatch, "
-    "not_compared (a streamed answer: its text is relayed, not kept).",
+    "not_compared (a side without text: an error answer).",
     ("model_name", "result"),
 )
 SHADOW_DROPPED = MetricSpec(

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from serving.app import PROXY
 from serving.upstream_choice import UpstreamChoice
-from tests.fakes.faulty_upstream import FaultyUpstream, ThreadedServer
+from tests.fakes.faulty_upstream import CHUNKS_BEFORE_FAULT, FaultyUpstream, ThreadedServer
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.unit.serving.inprocess import Sidecar, record_of, send, start_sidecar, wait_for
 
@@ -217,9 +217,9 @@ async def test_shadow_copies_are_compared_and_never_change_the_clients_answer(
     assert plain["shadow_prompt_tokens"] == plain["prompt_tokens"] == 3
     assert plain["shadow_e2e_ms"] is not None
     assert plain["shadow_ttft_ms"] is not None
-    assert streamed["shadow_result"] == "not_compared"
+    assert streamed["shadow_result"] == "match"  # the text the relay forwarded, against the shadow's stream
     assert streamed["shadow_completion_tokens"] == 8
-    assert _count(sidecar.registry, "inferwatch_shadow_requests_total", result="match") == 1
+    assert _count(sidecar.registry, "inferwatch_shadow_requests_total", result="match") == 2
     assert _count(sidecar.registry, "inferwatch_shadow_e2e_request_latency_seconds_count", side="shadow") == 2
 
 
@@ -302,3 +302,18 @@ async def test_lane_and_role_take_three_label_pairs_at_most(
             pairs = {(labels["lane"], labels["role"]) for labels, value in
                      _samples(sidecar.registry, "inferwatch_e2e_request_latency_seconds_count") if value}
     assert pairs == {("default", "primary"), ("long", "primary"), ("default", "canary")}
+
+
+async def test_a_shadowed_stream_is_compared_with_the_text_the_client_got(
+    primary: tuple[FakeOpenAI, ThreadedServer], second: tuple[FaultyUpstream, ThreadedServer], tmp_path: Path,
+) -> None:
+    """The shadow's stream ends after CHUNKS_BEFORE_FAULT of the 8 words the client got: a mismatch at the edit
+    distance of the 5 missing words over 8."""
+    (_main_fake, main), (_shadow_fake, shadow) = primary, second
+    async with _sidecar(main.url, tmp_path / "logs", shadow_upstream=shadow.url, shadow_ratio=1.0) as sidecar:
+        answer = await send(sidecar, "mid_stream_error_event", stream=True)
+        record = await record_of(sidecar.logs, answer.headers["x-trace-id"])
+    assert answer.status == 200
+    assert record is not None
+    assert record["shadow_result"] == "mismatch"
+    assert record["shadow_distance"] == (8 - CHUNKS_BEFORE_FAULT) / 8
