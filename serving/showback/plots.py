@@ -38,31 +38,38 @@ def _by_tenant_and_pool(document: dict[str, Any], figure: str) -> tuple[list[str
     return names, values
 
 
-def _stacked(axes: Any, names: list[str], values: dict[str, list[float]], label: str) -> None:
+def _stacked(axes: Any, names: list[str], values: dict[str, list[float]], label: str, *, legend: bool) -> None:
+    """Horizontal bars per tenant, one segment per cost pool that has any (the pools keep their colours)."""
     left = [0.0] * len(names)
+    drawn = 0
     for colour, (pool, widths) in zip(PALETTE, values.items(), strict=False):
+        if not any(widths):
+            continue
         axes.barh(names, widths, left=left, color=colour, label=pool)
         left = [a + b for a, b in zip(left, widths, strict=True)]
-    axes.invert_yaxis()
+        drawn += 1
     axes.set_xlabel(label)
-    axes.legend(title="cost pool", loc="lower right")
+    axes.locator_params(axis="x", nbins=5)
+    if legend and drawn:
+        axes.legend(title="cost pool", loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=drawn, frameon=False)
 
 
 def draw_all(document: dict[str, Any], directory: Path) -> list[str]:
     """Draw both plots into ``directory``; their file names."""
     if not document["rows"]:
         return []
-    height = 1.5 + 0.3 * min(len(document["by_tenant"]), TOP_TENANTS + 1)
+    height = 2.2 + 0.35 * min(len(document["by_tenant"]), TOP_TENANTS + 1)
     title = f"{document['from'][:16]} to {document['to'][:16]}"
 
     figure = _figure(12, height)
     gpu_axes, token_axes = figure.subplots(1, 2, sharey=True)
     names, gpu = _by_tenant_and_pool(document, "gpu_seconds")
-    _stacked(gpu_axes, names, gpu, "GPU-seconds")
+    gpu_axes.invert_yaxis()  # the most expensive tenant on top (the axes share y: inverted once)
+    _stacked(gpu_axes, names, gpu, "GPU-seconds", legend=True)
     _, prompt = _by_tenant_and_pool(document, "prompt_tokens")
     _, completion = _by_tenant_and_pool(document, "completion_tokens")
     tokens = {pool: [a + b for a, b in zip(prompt[pool], completion[pool], strict=True)] for pool in prompt}
-    _stacked(token_axes, names, tokens, "tokens (prompt + completion)")
+    _stacked(token_axes, names, tokens, "tokens (prompt + completion)", legend=False)
     figure.suptitle(f"Usage by tenant and cost pool, {title}")
     figure.savefig(directory / "usage_by_tenant.png", dpi=DPI, format="png")
 
@@ -70,14 +77,15 @@ def draw_all(document: dict[str, Any], directory: Path) -> list[str]:
     cost_axes, share_axes = figure.subplots(1, 2, sharey=True)
     currency = document["currency"]
     names, cost = _by_tenant_and_pool(document, "cost")
-    _stacked(cost_axes, names, cost, f"cost ({currency})")
+    cost_axes.invert_yaxis()
+    _stacked(cost_axes, names, cost, f"cost ({currency})", legend=True)
     total = document["totals"]["cost"]
     shares = [sum(pool[i] for pool in cost.values()) / total * 100 if total else 0.0 for i in range(len(names))]
-    share_axes.barh(names, shares, color=PALETTE[0])
+    share_axes.barh(names, shares, color="#7f7f7f")  # grey: a share, not a pool
     share_axes.set_xlabel("share of the total cost (%)")
     for index, share in enumerate(shares):
         share_axes.annotate(f"{share:.1f}%", (share, index), xytext=(3, 0), textcoords="offset points",
                             va="center", fontsize=8)
-    figure.suptitle(f"Cost by tenant and cost pool, and cost share, {title} (total {total:,.2f} {currency})")
+    figure.suptitle(f"Cost by tenant and cost pool, and cost share, {title} (total {total:,.4f} {currency})")
     figure.savefig(directory / "cost_share.png", dpi=DPI, format="png")
     return ["usage_by_tenant.png", "cost_share.png"]

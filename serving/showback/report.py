@@ -41,6 +41,10 @@ def _share(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(round(unix), UTC).isoformat().replace("+00:00", "Z")
+
+
 def build_report(rows: dict[Key, Usage], start: float, end: float, currency: str, source: str) -> dict[str, Any]:
     """The report document (schema ``inferwatch.showback/1``)."""
     ordered = sorted(rows.items())
@@ -49,7 +53,7 @@ def build_report(rows: dict[Key, Usage], start: float, end: float, currency: str
     tenants = sorted(by_tenant.items(), key=lambda item: (-item[1].cost, -item[1].gpu_seconds, item[0]))
     return {
         "schema": SCHEMA, "source": source, "currency": currency,
-        "from": datetime.fromtimestamp(start, UTC).isoformat(), "to": datetime.fromtimestamp(end, UTC).isoformat(),
+        "from": _iso(start), "to": _iso(end),
         "rows": [{"tenant": t, "model": m, "pool": p, **asdict(u)} for (t, m, p), u in ordered],
         "by_tenant": [{"tenant": name, **asdict(usage), "cost_share": _share(usage.cost, totals.cost),
                        "gpu_share": _share(usage.gpu_seconds, totals.gpu_seconds)} for name, usage in tenants],
