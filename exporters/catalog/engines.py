@@ -262,24 +262,31 @@ def families_in(expr: str) -> set[str]:
 def missing_on(names: Iterable[str]) -> dict[Engine, str]:
     """The engines that feed none of some of ``names`` (family names), each with the reasons, joined."""
     wanted = set(names)
-    out: dict[Engine, list[str]] = {}
+    out: dict[Engine, str] = {}
     for signal in SIGNALS:
         if wanted & set(signal.series):
-            for engine, text in signal.missing().items():
-                reasons = out.setdefault(engine, [])
-                if text not in reasons:
-                    reasons.append(text)
-    return {engine: "; ".join(texts) for engine, texts in out.items()}
+            out = merged(out, signal.missing())
+    return out
 
 
-def missing_engines(names: Iterable[str]) -> str:
-    """The engines that do not feed some of ``names``, each with why (``llama.cpp (...), Ollama (...)``), or ``""``."""
-    return ", ".join(f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing_on(names).items()))
+def merged(*missing: dict[Engine, str]) -> dict[Engine, str]:
+    """Engines without data from several reads together, their reasons joined once each."""
+    reasons: dict[Engine, list[str]] = {}
+    for part in missing:
+        for engine, text in part.items():
+            known = reasons.setdefault(engine, [])
+            known += [reason for reason in text.split("; ") if reason not in known]
+    return {engine: "; ".join(texts) for engine, texts in reasons.items()}
+
+
+def described(missing: dict[Engine, str]) -> str:
+    """``llama.cpp (why), Ollama (why)``: the engines, by name, each with why; ``""`` for none."""
+    return ", ".join(f"{ENGINE_NAMES[engine]} ({why})" for engine, why in sorted(missing.items()))
 
 
 def missing_note(names: Iterable[str]) -> str:
     """One sentence naming the engines on which a panel reading ``names`` stays empty, or ``""``."""
-    engines = missing_engines(names)
+    engines = described(missing_on(names))
     return f"No data on {engines}." if engines else ""
 
 

@@ -3,12 +3,19 @@ annotation and in their runbook entry (never an alert that can never fire withou
 
 from __future__ import annotations
 
-from alert_rules.annotate import ENGINES_ANNOTATION, annotate_alert
+from pathlib import Path
+
+from alert_rules.annotate import ENGINES_ANNOTATION, annotate_alert, engines_unable
 from alert_rules.config import RulesConfig
+from alert_rules.promql import parse_expr
+from alert_rules.promtool_runner import run_file
+from alert_rules.render import alerts
 from alert_rules.runbooks import Runbook, entry
 from alert_rules.spec import AlertRule, Severity
 from exporters.catalog import engine as ce
 from exporters.catalog import request as cr
+from exporters.catalog.engines import Engine
+from tests.unit.alert_rules.rule_test_files import write_rule_test
 
 BOOK = Runbook("It means something.", ("Check one thing.",), ("Do one thing.",))
 
@@ -42,3 +49,41 @@ def test_an_alert_on_the_sidecars_own_request_counters_fires_everywhere() -> Non
     alert = annotate_alert(RulesConfig(), _alert(f"sum(rate({cr.REQUESTS.series}[5m])) > 1"))
     assert ENGINES_ANNOTATION not in alert.annotations
     assert "**Engines.**" not in entry(RulesConfig(), alert)
+
+
+def test_what_only_an_unless_or_one_side_of_an_or_reads_does_not_silence_an_alert() -> None:
+    """``unless`` on KV usage, ``or`` with a constant and ``absent()`` leave an alert able to fire where those
+    series are missing; ``or`` of two reads that both miss on an engine cannot fire there."""
+    kv, waiting, tokens = ce.KV_USAGE.name, ce.ENGINE_REQUESTS.name, ce.ENGINE_GENERATION_TOKENS.series
+    assert set(engines_unable(parse_expr(f"{waiting} > 0 unless {kv} > 0.95"))) == {Engine.OLLAMA}
+    assert engines_unable(parse_expr(f"{kv} > 0.9 or vector(0)")) == {}
+    assert engines_unable(parse_expr(f"absent({kv})")) == {}
+    assert set(engines_unable(parse_expr(f"{waiting} > 0 and {kv} > 0.9"))) == {Engine.OLLAMA, Engine.LLAMACPP}
+    assert set(engines_unable(parse_expr(f"{kv} > 0.9 or rate({tokens}[1m]) > 0"))) == {Engine.OLLAMA}
+
+
+def test_the_wedged_engine_alert_can_fire_in_front_of_llamacpp() -> None:
+    """It reads KV usage only to stay quiet when the cache is full: llama.cpp, which has none, is not named."""
+    wedged = next(a for a in alerts(RulesConfig()) if a.name == "InferwatchEngineWedged")
+    note = wedged.annotations[ENGINES_ANNOTATION]
+    assert "Ollama" in note
+    assert "llama.cpp" not in note
+
+
+def test_in_front_of_ollama_no_engine_alert_fires_for_want_of_engine_series(tmp_path: Path) -> None:
+    """With only the sidecar's own series (Ollama: no /metrics), the engine alerts stay quiet instead of paging on
+    an absent series."""
+    series = [
+        {"series": f'{cr.REQUESTS.series}{{instance="a", model_name="m", outcome="ok", route="/api/generate"}}',
+         "values": "0+60x120"},
+        {"series": f'{cr.UPSTREAM_READY.series}{{instance="a", upstream="http://127.0.0.1:11434"}}', "values": "1x120"},
+    ]
+    quiet = ("InferwatchQueueBacklog", "InferwatchUpstreamDown", "InferwatchKVCacheNearlyFull",
+             "InferwatchPreemptionStorm", "InferwatchEngineWedged", "InferwatchRequestsSwapped")
+    doc = {"rule_files": ["../rules/slo.yml", "../rules/intervene.yml"], "evaluation_interval": "1m", "tests": [{
+        "name": "Ollama: no engine series, no engine alert", "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"eval_time": "60m", "alertname": name, "exp_alerts": []} for name in quiet],
+    }]}
+    result = run_file(write_rule_test(tmp_path, RulesConfig(), "ollama_quiet.yml", doc))
+    assert result.errors == []
+    assert result.failures == []
