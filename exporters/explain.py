@@ -33,7 +33,7 @@ SCHEMA = "inferwatch.explain/1"
 SHARE_SIGNIFICANT = 0.2
 """A part is a cause when it holds at least this share of the e2e (and its floor below)."""
 QUEUE_FLOOR_MS = 50.0
-PREFILL_FLOOR_MS = 100.0
+PREFILL_FLOOR_MS = 50.0
 SIDECAR_FLOOR_MS = 50.0
 CLIENT_FLOOR_MS = 50.0
 CACHED_SHARE_HIT = 0.5
@@ -145,8 +145,11 @@ def _engine_phases(record: RequestRecord) -> EnginePhases | None:
 
 
 def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> RequestFacts:
-    """The facts of an archived request log record (log schema 1): fewer than the ring's (no sidecar or
-    connect split, no largest gap); ``start_unix`` is its end (``ts``) less its e2e."""
+    """The facts of an archived request log record (log schema 1); ``start_unix`` is its end (``ts``) less its e2e.
+
+    Records written before ``sent_ms``, ``connect_ms``, ``client_wait_ms`` and ``largest_gap_ms`` were logged
+    have no sidecar/connect split and no largest gap. A record has no median gap: its mean stands in (the stall
+    itself raises it, so a stall is named less readily than from the ring)."""
     engine = None
     if event.get("engine_queue_ms") is not None:
         engine = EnginePhases(float(event["engine_queue_ms"]), float(event.get("engine_prefill_ms") or 0.0),
@@ -164,7 +167,10 @@ def facts_from_log_event(event: Mapping[str, Any], start_unix: float) -> Request
         e2e_ms=float(event.get("e2e_ms") or 0.0), ttft_ms=event.get("ttft_ms"),
         prompt_tokens=event.get("prompt_tokens"), completion_tokens=event.get("completion_tokens"),
         mean_gap_ms=event.get("itl_ms"), error_type=event.get("error_type"),
-        error_message=event.get("error_message"), engine=engine,
+        error_message=event.get("error_message"), engine=engine, sent_ms=event.get("sent_ms"),
+        connect_ms=float(event.get("connect_ms") or 0.0), client_wait_ms=float(event.get("client_wait_ms") or 0.0),
+        largest_gap_ms=event.get("largest_gap_ms"), median_gap_ms=event.get("itl_ms"),
+        refused=bool(event.get("refused")),
     )
 
 
@@ -197,6 +203,16 @@ class ColdStartSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class Alongside:
+    """The sidecar's other requests in flight at some moment of this one (from its ring): how many, how long."""
+
+    requests: int
+    prompt_tokens: int
+    prompt_tokens_max: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineContext:
     """The engine around a request, from the sidecar's own history; None where that history has nothing."""
 
@@ -217,6 +233,7 @@ class EngineContext:
     gpu_temperature_max: float | None = None
     gpu_clock_events: tuple[str, ...] = ()
     """The clock-event reasons (``inferwatch_gpu_clock_event_active``'s ``reason``) active on any GPU meanwhile."""
+    alongside: Alongside | None = None
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -228,6 +245,7 @@ class EngineContext:
             "gpu_utilization_max": _round(self.gpu_utilization_max, 3),
             "gpu_memory_used_max_bytes": self.gpu_memory_used_max_bytes,
             "gpu_temperature_max": self.gpu_temperature_max, "gpu_clock_events": list(self.gpu_clock_events),
+            "alongside": None if self.alongside is None else dataclasses.asdict(self.alongside),
             "cold_starts": [{"cause": c.cause, "began_unix": c.began_unix, "ended_unix": c.ended_unix}
                             for c in self.cold_starts],
             "note": self.note,

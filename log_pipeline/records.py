@@ -27,7 +27,10 @@ request joined to vLLM's stat-logger plugin ``engine_queue_ms``, ``engine_prefil
 that carried its own numbers: ``engine_source``, ``engine_prefill_ms``, ``engine_decode_ms`` and, where given,
 ``engine_load_ms``, ``engine_total_ms``, ``engine_cached_tokens``); the release-day keys ``client``,
 ``requested_model``, ``wrong_model``, ``tokenizer_fingerprint`` and ``text_class`` appear when known; the
-upstream choice's ``prompt_tokens_estimate``, ``lane_fallback``, ``priority_class`` and ``shadow_*`` likewise."""
+upstream choice's ``prompt_tokens_estimate``, ``lane_fallback``, ``priority_class`` and ``shadow_*`` likewise;
+``inferwatch explain``'s split where measured: ``sent_ms`` and ``connect_ms`` (a request that went out),
+``client_wait_ms`` (a stream that waited on its client), ``largest_gap_ms`` (a stream), ``refused`` (the
+sidecar's own answer)."""
 
 _LEVELS = {
     Outcome.OK: "info",
@@ -114,6 +117,22 @@ def _add_answer_phases(event: dict[str, Any], phases: AnswerPhases) -> None:
         event["engine_cached_tokens"] = phases.cached_tokens
 
 
+def _add_explain_split(event: dict[str, Any], record: RequestRecord) -> None:
+    """What ``inferwatch explain`` splits an archived request's time with: when it went out to the upstream
+    (``sent_ms``, the sidecar's own time and the connection before it), ``connect_ms``, the stream's wait on a
+    slow client (``client_wait_ms``) and its largest gap between tokens; ``refused`` when the sidecar answered it
+    itself."""
+    if record.upstream_sent_s is not None:
+        event["sent_ms"] = milliseconds(record.upstream_sent_s)
+        event["connect_ms"] = milliseconds(record.connect_s)
+    if record.client_wait_s:
+        event["client_wait_ms"] = milliseconds(record.client_wait_s)
+    if record.inter_token_s:
+        event["largest_gap_ms"] = milliseconds(max(record.inter_token_s))
+    if record.refused:
+        event["refused"] = True
+
+
 def event_from_record(
     record: RequestRecord, *, sla_s: float | None, capture_prompt_hash: bool = False
 ) -> dict[str, Any]:
@@ -153,6 +172,7 @@ def event_from_record(
         "slow": is_slow(record, sla_s),
         "schema_version": SCHEMA_VERSION,
     }
+    _add_explain_split(event, record)
     if outcome is not Outcome.OK or record.error_type or record.error_message:
         event["error_type"] = record.error_type
         message = record.error_message

@@ -12,6 +12,7 @@ temperature, clock events) from that store; the cold starts the readiness probes
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -28,7 +29,15 @@ from exporters.catalog import request as request_specs
 from exporters.catalog import vllm as vllm_specs
 from exporters.catalog.spec import MetricSpec
 from exporters.cold_start import ColdStartTracker
-from exporters.explain import SLOWEST_MAX, ColdStartSpan, EngineContext, explain, facts_from_record, slowest_row
+from exporters.explain import (
+    SLOWEST_MAX,
+    Alongside,
+    ColdStartSpan,
+    EngineContext,
+    explain,
+    facts_from_record,
+    slowest_row,
+)
 from exporters.records import RequestRecord
 from serving.endpoints import error_response
 from serving.engine_stats import EngineSteps
@@ -73,6 +82,14 @@ class RequestRing:
 
     def __iter__(self) -> Iterator[RequestRecord]:
         return iter(list(self._records))
+
+    def alongside(self, record: RequestRecord) -> Alongside:
+        """The other requests in the ring that were in flight at some moment of ``record``'s, and their lengths."""
+        start, end = record.start_unix, record.start_unix + (record.e2e_s or 0.0)
+        others = [r for r in self if r is not record and r.start_unix < end and start < r.start_unix + (r.e2e_s or 0.0)]
+        prompts = [r.prompt_tokens or 0 for r in others]
+        return Alongside(len(others), sum(prompts), max(prompts, default=0),
+                         sum(r.completion_tokens or 0 for r in others))
 
     def slowest(self, n: int, since_unix: float, model: str | None = None) -> list[RequestRecord]:
         """The ``n`` slowest requests that started at or after ``since_unix`` (of ``model`` when given)."""
@@ -193,12 +210,17 @@ def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_u
     return found
 
 
-def explain_record(record: RequestRecord, sources: ContextSources, *, peers: bool = True) -> dict[str, Any]:
-    """The explanation of a request in the ring; ``peers=False`` skips the comparison with the bucket's p50 (four
-    queries of the store), which the causes do not use."""
+def explain_record(record: RequestRecord, sources: ContextSources, ring: RequestRing | None = None) -> dict[str, Any]:
+    """The explanation of a request in ``ring``, with the requests in flight alongside it and the comparison with
+    its bucket's p50 (four queries of the store); without ``ring``, neither: the causes use them not (a
+    ``--slowest`` row)."""
     facts = facts_from_record(record)
-    p50 = peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time()) if peers else None
-    return explain(facts, sources.context(facts.start_unix, facts.end_unix), source="ring", peers_p50_ms=p50)
+    context = sources.context(facts.start_unix, facts.end_unix)
+    if ring is None:
+        return explain(facts, context, source="ring")
+    p50 = peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time())
+    return explain(facts, dataclasses.replace(context, alongside=ring.alongside(record)), source="ring",
+                   peers_p50_ms=p50)
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -214,7 +236,7 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
         if record is None:
             message = f"trace {trace_id} is not among the sidecar's last {len(ring)} requests (serve.explain_ring_size)"
             return error_response(request, 404, message)
-        return web.json_response(explain_record(record, sources), headers=_NO_STORE)
+        return web.json_response(explain_record(record, sources, ring), headers=_NO_STORE)
 
     async def slowest(request: web.Request) -> web.Response:
         query = request.query
@@ -230,7 +252,7 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
             return error_response(request, 400, str(err))
         found = ring.slowest(n, time.time() - since_ms / 1000.0, query.get("model"))
         # a row needs the causes, not the comparison with the peers
-        rows = [slowest_row(explain_record(record, sources, peers=False)) for record in found]
+        rows = [slowest_row(explain_record(record, sources)) for record in found]
         return web.json_response({"ring_size": len(ring), "since_s": since_ms / 1000.0, "requests": rows},
                                  headers=_NO_STORE)
 

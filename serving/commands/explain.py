@@ -186,6 +186,10 @@ def render(explanation: dict[str, Any]) -> str:
             ("gpu_utilization_max", "GPU utilisation up to", ""), ("gpu_temperature_max", "GPU temperature up to",
                                                                    " °C"))
             if context.get(key) is not None]
+        alongside = context.get("alongside")
+        if alongside:
+            known.append(f"{alongside['requests']} other requests in the sidecar meanwhile (prompts "
+                         f"{alongside['prompt_tokens']:,} tokens, the longest {alongside['prompt_tokens_max']:,})")
         if context.get("gpu_clock_events"):
             known.append("GPU clock events " + ", ".join(context["gpu_clock_events"]))
         lines.append(f"Around it ({context['source']}): " + (", ".join(known) or "nothing recorded"))

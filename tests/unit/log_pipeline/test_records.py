@@ -23,7 +23,7 @@ class TestEventFromRecord:
     def test_a_success_has_every_schema_field_in_order_and_no_error_fields(self) -> None:
         """An ok request yields exactly FIELDS, level info, times in ms rounded to 0.1."""
         event = event_from_record(_record(), sla_s=None)
-        assert tuple(event) == FIELDS
+        assert tuple(event) == (*FIELDS, "largest_gap_ms")  # a stream's largest gap, for inferwatch explain
         assert event["level"] == "info"
         assert (event["ttft_ms"], event["itl_ms"], event["e2e_ms"], event["queue_ms"]) == (80.0, 20.0, 1234.6, 12.3)
         assert event["ts"] == "2025-08-07T12:00:01.735Z"
@@ -39,7 +39,7 @@ class TestEventFromRecord:
         """With capture_prompt_hash the event gets the hash and length, nothing else new."""
         event = event_from_record(_record(), sla_s=None, capture_prompt_hash=True)
         assert (event["prompt_sha256"], event["prompt_chars"]) == ("ab" * 32, 77)
-        assert set(event) == {*FIELDS, "prompt_sha256", "prompt_chars"}
+        assert set(event) == {*FIELDS, "largest_gap_ms", "prompt_sha256", "prompt_chars"}
 
     def test_failures_carry_error_type_and_a_bounded_message(self) -> None:
         """A timeout has level error, its error type, and a message cut to 512 characters."""
