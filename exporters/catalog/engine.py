@@ -23,7 +23,8 @@ ENGINE_INFO = MetricSpec(
     "inferwatch_engine_info", G,
     "Value 1; generation = the vLLM metrics generation detected from the families present "
     "(v0: num_requests_swapped or gpu_cache_usage_perc; v1: kv_cache_usage_perc without an engine "
-    "label; v1_engine: with one); engines = number of data-parallel engines seen.",
+    "label; v1_engine: with one), or the engine for the others (sglang, llamacpp); engines = number of "
+    "data-parallel engines seen.",
     ("model_name", "generation", "engines"),
 )
 ENGINE_REQUESTS = MetricSpec(
