@@ -350,10 +350,10 @@ class SseReader:
                     return b"data: " + orjson.dumps(obj) + b"\n\n"  # rare: worth a re-serialization
         if content:
             stats.content_ns.append(now_ns)
+        if "timings" in obj:  # llama.cpp: its usage chunk (its native stream's last event) carries the timings
+            stats.phases = from_llamacpp(obj["timings"])
         usage = obj.get("usage")
         if isinstance(usage, dict):
-            if "timings" in obj:  # llama.cpp: the usage chunk carries the request's timings
-                stats.phases = from_llamacpp(obj["timings"])
             stats.prompt_tokens = usage.get("prompt_tokens", stats.prompt_tokens)
             stats.completion_tokens = usage.get("completion_tokens", stats.completion_tokens)
             if self._on_usage is not None:

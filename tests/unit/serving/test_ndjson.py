@@ -12,6 +12,7 @@ import pytest
 
 from exporters.engine_phases import from_llamacpp, from_ollama
 from serving.ndjson import NdjsonReader, error_line
+from serving.sse import SseReader
 
 FINAL = {"model": "gemma3", "created_at": "2025-10-17T23:14:07.414671Z", "response": "", "done": True,
          "done_reason": "stop", "total_duration": 174560334, "load_duration": 101397084, "prompt_eval_count": 11,
@@ -90,3 +91,15 @@ def test_llamacpps_timings_are_prefill_decode_and_cached_tokens() -> None:
     assert phases is not None
     assert (phases.prefill_s, phases.decode_s) == pytest.approx((0.002224, 0.004134))
     assert (phases.cached_tokens, phases.prompt_tokens, phases.generated_tokens) == (3, 10, 8)
+
+
+def test_llamacpps_timings_are_read_from_its_sse_usage_chunk_and_its_native_last_event() -> None:
+    """The OpenAI stream's usage chunk and /completion's last event (stop true, no usage) both give the phases."""
+    timings = {"cache_n": 0, "prompt_n": 7, "prompt_ms": 2.224, "predicted_n": 8, "predicted_ms": 4.134}
+    usage_chunk = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 8}, "timings": timings}
+    native_last = {"index": 0, "content": "", "stop": True, "stop_type": "limit", "timings": timings}
+    for event in (usage_chunk, native_last):
+        reader = SseReader(strip_usage_chunk=False, strip_usage_field=False)
+        reader.feed(b"data: " + json.dumps(event).encode() + b"\n\n", 1)
+        assert reader.stats.phases is not None
+        assert reader.stats.phases.prefill_s == pytest.approx(0.002224)
