@@ -14,7 +14,8 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
@@ -29,7 +30,9 @@ from serving import config as cfg
 from serving.app import OBSERVERS, build_app
 from serving.cli import main
 from serving.explain import RequestRing
+from serving.loadtest.client import RequestResult
 from serving.rule_engine import RULE_RUNNER
+from serving.tools import demo
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.openai_upstream import FakeOpenAI
 
@@ -431,3 +434,29 @@ async def test_an_unreachable_prometheus_leaves_the_sidecars_context_and_says_so
     said = capsys.readouterr()
     assert json.loads(said.out.splitlines()[-1])["context"]["source"] == own["context"]["source"]
     assert f"Prometheus at {nobody} could not be asked" in said.err
+
+
+async def test_the_demo_ends_with_the_explanation_of_its_slowest_request(
+    setup: Setup, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """make demo's ending, without the rest of the demo: of the load test's requests it names the slowest that
+    succeeded and prints `inferwatch explain` of it from the sidecar's ring."""
+    await setup.request(_trace(13))
+    await setup.request(_trace(14))
+    await setup.explain_when_finished(_trace(14))
+    results = [RequestResult(0, status=200, e2e_s=0.5, trace_id=_trace(13)),
+               RequestResult(1, status=200, e2e_s=0.9, trace_id=_trace(14)),
+               RequestResult(2, status=502, error="HTTP 502", e2e_s=5.0, trace_id=_trace(15))]
+    run = cast(Any, SimpleNamespace(results=results, cold_starts=[]))  # what _tell reads of a RunResult
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        prometheus = f"http://127.0.0.1:{probe.getsockname()[1]}"  # nobody: the demo's queries say they failed
+    base = str(setup.client.make_url("")).rstrip("/")
+    await asyncio.get_running_loop().run_in_executor(None, demo._tell, run, {}, tmp_path, prometheus, base,
+                                                     tmp_path / "logs")
+    said = capsys.readouterr().out
+    assert f"slowest request: 900 ms, trace_id={_trace(14)}" in said
+    assert f"trace {_trace(14)}  fake-model" in said  # the explanation's first line, from the sidecar's ring
+    assert "(from the sidecar's ring)" in said
+    assert "Why: " in said
+    assert "not explained" not in said
