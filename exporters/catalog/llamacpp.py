@@ -25,13 +25,12 @@ PROMPT_SECONDS = _llamacpp("llamacpp:prompt_seconds_total", C, "Seconds of promp
 TOKENS_PREDICTED = _llamacpp("llamacpp:tokens_predicted_total", C, "Generated tokens.", "tokens")
 TOKENS_PREDICTED_SECONDS = _llamacpp("llamacpp:tokens_predicted_seconds_total", C, "Seconds of generation (decode).",
                                      "seconds")
-N_DECODE = _llamacpp("llamacpp:n_decode_total", C, "llama_decode() calls.", "calls")
 REQUESTS_PROCESSING = _llamacpp("llamacpp:requests_processing", G, "Busy slots: requests being processed.",
                                 "requests")
 REQUESTS_DEFERRED = _llamacpp("llamacpp:requests_deferred", G, "Requests deferred for want of a free slot.",
                               "requests")
 
 SPECS: tuple[MetricSpec, ...] = (
-    PROMPT_TOKENS, PROMPT_TOKENS_CACHED, PROMPT_SECONDS, TOKENS_PREDICTED, TOKENS_PREDICTED_SECONDS, N_DECODE,
+    PROMPT_TOKENS, PROMPT_TOKENS_CACHED, PROMPT_SECONDS, TOKENS_PREDICTED, TOKENS_PREDICTED_SECONDS,
     REQUESTS_PROCESSING, REQUESTS_DEFERRED,
 )

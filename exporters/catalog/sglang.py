@@ -3,7 +3,8 @@
 SGLang 0.5.23 (``sglang/srt/observability/metrics_collector.py``; shared/reference/engines.md §2): the
 scheduler's gauges carry ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank`` (and
 ``dp_rank`` with data parallelism), the tokenizer's counters ``model_name``, ``engine_type`` and, on some,
-``is_streaming`` or ``cache_source``. Only these are read; the others are counted as known, not unknown.
+``is_streaming`` or ``cache_source``. Only these are read. Its TTFT, inter-token, e2e and queue-time histograms
+and speculative acceptance are not: the sidecar measures TTFT, gaps and e2e itself in front of every engine.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from exporters.catalog.spec import MetricSpec, MetricType, Source
 PREFIX = "sglang:"
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 TOKENIZER_LABELS = ("model_name", "engine_type")
-G, C, H = MetricType.GAUGE, MetricType.COUNTER, MetricType.HISTOGRAM
+G, C = MetricType.GAUGE, MetricType.COUNTER
 
 
 def _sglang(name: str, type_: MetricType, help_: str, labels: tuple[str, ...], unit: str = "") -> MetricSpec:
@@ -28,8 +29,6 @@ TOKEN_USAGE = _sglang(
     "sglang:token_usage", G, "Fraction (0-1) of the KV pool in use: max of the full, SWA and Mamba pools' "
     "used / total, where used excludes evictable radix-cache tokens.", SCHEDULER_LABELS, "ratio",
 )
-CACHE_HIT_RATE = _sglang("sglang:cache_hit_rate", G, "Prefix (radix) cache hit rate of the latest batches.",
-                         SCHEDULER_LABELS, "ratio")
 NUM_RETRACTED_REQUESTS = _sglang(
     "sglang:num_retracted_requests_total", C,
     "Requests retracted from the running batch to free KV memory (SGLang's preemption; recomputed later).",
@@ -41,19 +40,8 @@ GENERATION_TOKENS = _sglang("sglang:generation_tokens_total", C, "Generated toke
                             (*TOKENIZER_LABELS, "is_streaming"), "tokens")
 CACHED_TOKENS = _sglang("sglang:cached_tokens_total", C, "Prompt tokens served from the prefix cache, by source.",
                         (*TOKENIZER_LABELS, "cache_source"), "tokens")
-TIME_TO_FIRST_TOKEN = _sglang("sglang:time_to_first_token_seconds", H, "Time to first token.",
-                              (*TOKENIZER_LABELS, "is_streaming"), "seconds")
-INTER_TOKEN_LATENCY = _sglang("sglang:inter_token_latency_seconds", H, "Time between tokens.", TOKENIZER_LABELS,
-                              "seconds")
-E2E_REQUEST_LATENCY = _sglang("sglang:e2e_request_latency_seconds", H, "End-to-end request latency.",
-                              (*TOKENIZER_LABELS, "is_streaming"), "seconds")
-QUEUE_TIME = _sglang("sglang:queue_time_seconds", H, "Time a request waited in the scheduler's queue.",
-                     SCHEDULER_LABELS, "seconds")
-SPEC_ACCEPT_LENGTH = _sglang("sglang:spec_accept_length", G, "Mean accepted length of speculative decoding.",
-                             SCHEDULER_LABELS, "tokens")
 
 SPECS: tuple[MetricSpec, ...] = (
-    NUM_RUNNING_REQS, NUM_QUEUE_REQS, TOKEN_USAGE, CACHE_HIT_RATE, NUM_RETRACTED_REQUESTS, PROMPT_TOKENS,
-    GENERATION_TOKENS, CACHED_TOKENS, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, E2E_REQUEST_LATENCY, QUEUE_TIME,
-    SPEC_ACCEPT_LENGTH,
+    NUM_RUNNING_REQS, NUM_QUEUE_REQS, TOKEN_USAGE, NUM_RETRACTED_REQUESTS, PROMPT_TOKENS, GENERATION_TOKENS,
+    CACHED_TOKENS,
 )
