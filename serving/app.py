@@ -40,7 +40,7 @@ from serving.engine_detect import DEFAULT_READINESS_PATH, EngineDetector, engine
 from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.exchange import aiohttp_handler
-from serving.explain import ContextSources, RequestRing, add_explain_routes
+from serving.explain import ContextSources, RequestRing, add_explain_routes, with_slowest_request
 from serving.front import Front
 from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
@@ -235,7 +235,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.cleanup_ctx.append(rule_engine_ctx(
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
         registry, latest_vllm_text=lambda: app[ENGINE_WATCH].live_text() if ENGINE_WATCH in app else None,
-        interval_s=settings.rules.evaluation_interval_s,
+        interval_s=settings.rules.evaluation_interval_s, annotate=with_slowest_request(ring),
     ))
     if settings.serve.showback_schedule:
         app.cleanup_ctx.append(showback_schedule_ctx(settings.serve, settings.cost.currency, usage.ledger))

@@ -20,7 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
+from alert_rules.context import ANNOTATION as CONTEXT_ANNOTATION
 from alert_rules.engine import RuleFileError, parse_duration_ms
+from alert_rules.notify import Notification
 from alert_rules.promql.evaluate import Evaluator
 from alert_rules.spec import selector
 from alert_rules.store import SeriesStore
@@ -221,6 +223,29 @@ def explain_record(record: RequestRecord, sources: ContextSources, ring: Request
     p50 = peers_p50_ms(sources.store(), facts.model, facts.length_bucket, time.time())
     return explain(facts, dataclasses.replace(context, alongside=ring.alongside(record)), source="ring",
                    peers_p50_ms=p50)
+
+
+WORST_WINDOW_S = 900.0
+"""How far back a page's ``context`` looks for the slowest request (the runbooks' ``--since 15m``)."""
+
+
+def with_slowest_request(ring: RequestRing) -> Callable[[Notification], Notification]:
+    """An annotator for the embedded engine's alerts: a page's ``context`` annotation gains the slowest request of
+    its model (any model when it names none) in the last :data:`WORST_WINDOW_S`, and the command that explains it."""
+
+    def annotate(item: Notification) -> Notification:
+        if CONTEXT_ANNOTATION not in item.annotations:
+            return item
+        found = ring.slowest(1, time.time() - WORST_WINDOW_S, item.labels.get("model_name"))
+        if not found:
+            return item
+        worst = found[0]
+        note = (f"; slowest request in {WORST_WINDOW_S / 60:.0f}m: {worst.trace_id} ({(worst.e2e_s or 0.0) * 1000:,.0f}"
+                f" ms; inferwatch explain {worst.trace_id})")
+        annotations = {**item.annotations, CONTEXT_ANNOTATION: item.annotations[CONTEXT_ANNOTATION] + note}
+        return dataclasses.replace(item, annotations=annotations)
+
+    return annotate
 
 
 _NO_STORE = {"Cache-Control": "no-store"}

@@ -83,8 +83,11 @@ class RuleRunner:
                  registry: CollectorRegistry | None = None,
                  latest_vllm_text: Callable[[], str | None] | None = None,
                  post: Callable[[str, bytes], None] | None = None,
-                 metrics_registry: CollectorRegistry | None = None, interval_s: float = 15.0) -> None:
+                 metrics_registry: CollectorRegistry | None = None, interval_s: float = 15.0,
+                 annotate: Callable[[notify.Notification], notify.Notification] | None = None) -> None:
         self.config = config
+        self.annotate = annotate
+        """Adds what only the sidecar knows to an alert about to be sent (the slowest request's trace id)."""
         self.registry = registry
         self.latest_vllm_text = latest_vllm_text
         self.post = post
@@ -196,6 +199,11 @@ class RuleRunner:
         self._dropped = (out_of_order, limit)
 
     def _deliver(self, items: list[notify.Notification], now_ms: int) -> None:
+        if self.annotate is not None:
+            try:
+                items = [self.annotate(item) for item in items]
+            except Exception:  # an annotation never keeps an alert from going out
+                log.exception("rule engine: annotating alerts failed; sent as evaluated")
         targets: list[tuple[str, str, bytes]] = []
         base = self.config.external_url
         if self.config.alertmanager_url:
@@ -225,6 +233,7 @@ def rule_engine_ctx(
     latest_vllm_text: Callable[[], str | None] | None = None,
     *,
     interval_s: float = 15.0,
+    annotate: Callable[[notify.Notification], notify.Notification] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory running the engine every ``interval_s`` (the rules' interval)."""
 
@@ -245,7 +254,8 @@ def rule_engine_ctx(
             asyncio.run_coroutine_threadsafe(send(), loop).result(config.send_timeout_s + 1)
 
         try:
-            runner = RuleRunner(config, rule_groups(), registry, latest_vllm_text, post, registry, interval_s)
+            runner = RuleRunner(config, rule_groups(), registry, latest_vllm_text, post, registry, interval_s,
+                                annotate)
         except Exception:
             log.exception("rule engine: cannot start; alerts will not be evaluated in the sidecar")
             await session.close()

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from alert_rules.engine_config import EngineConfig
 from exporters.catalog.gpu import GPU_CLOCK_EVENT_ACTIVE
 from exporters.catalog.request import E2E_LATENCY_SECONDS
 from exporters.engine_stats_wire import EngineRequestStats, EngineStepStats, encode
@@ -29,9 +30,9 @@ from log_pipeline.query import Archive
 from serving import config as cfg
 from serving.app import OBSERVERS, build_app
 from serving.cli import main
-from serving.explain import RequestRing
+from serving.explain import RequestRing, with_slowest_request
 from serving.loadtest.client import RequestResult
-from serving.rule_engine import RULE_RUNNER
+from serving.rule_engine import RULE_RUNNER, RuleRunner
 from serving.tools import demo
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.openai_upstream import FakeOpenAI
@@ -460,3 +461,27 @@ async def test_the_demo_ends_with_the_explanation_of_its_slowest_request(
     assert "(from the sidecar's ring)" in said
     assert "Why: " in said
     assert "not explained" not in said
+
+
+def test_a_page_sent_by_the_embedded_engine_names_its_models_slowest_request() -> None:
+    """The embedded engine's page (an alert with a context annotation) about model m gains the trace id of m's
+    slowest request in the last 15 minutes and the command that explains it; an alert without context, and
+    requests older than 15 minutes or of another model, are left out."""
+    now = time.time()
+    ring = RequestRing(10)
+    for trace, model, start, e2e in ((_trace(20), "m", now - 60, 1.5), (_trace(21), "m", now - 30, 2.5),
+                                     (_trace(22), "other", now - 20, 9.0), (_trace(23), "m", now - 2000, 30.0)):
+        ring.add(RequestRecord(trace_id=trace, span_id="00f067aa0ba902b7", route="/v1/completions", model=model,
+                               start_unix=start, e2e_s=e2e))
+    rules = {"groups": [{"name": "g", "rules": [
+        {"alert": "Page", "expr": "vector(1)", "labels": {"model_name": "m"},
+         "annotations": {"context": "KV cache 97%"}},
+        {"alert": "Ticket", "expr": "vector(1)", "annotations": {"summary": "s"}}]}]}
+    sent: list[list[dict[str, Any]]] = []
+    runner = RuleRunner(EngineConfig(alertmanager_url="http://127.0.0.1:9093"), rules,
+                        post=lambda _url, body: sent.append(json.loads(body)), annotate=with_slowest_request(ring))
+    runner.step(int(now * 1000))
+    alerts = {alert["labels"]["alertname"]: alert["annotations"] for alert in sent[0]}
+    assert alerts["Page"]["context"] == (f"KV cache 97%; slowest request in 15m: {_trace(21)} (2,500 ms; "
+                                         f"inferwatch explain {_trace(21)})")
+    assert alerts["Ticket"] == {"summary": "s"}
