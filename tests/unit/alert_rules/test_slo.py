@@ -9,7 +9,7 @@ from alert_rules.config import RulesConfig
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS
 from exporters.errors import ConfigError
 
-ROUTES = 'route=~"/v1/chat/completions|/v1/completions|/v1/embeddings|/v1/responses"'
+ROUTES = 'route=~"/v1/chat/completions|/v1/completions|/v1/embeddings|/v1/responses|/api/generate|/api/chat"'
 """The matcher of the inference routes, the only requests the SLOs count."""
 
 
