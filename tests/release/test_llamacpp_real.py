@@ -108,19 +108,19 @@ def test_the_engine_view_is_llamacpps_own_metrics_and_kv_usage_stays_unknown(
     """auto recognizes llama.cpp by its families; the engine series equal llama-server's own counters once idle;
     no KV usage series (llama-server exports none)."""
     _post(f"{llama_sidecar.base_url}/v1/completions", {"model": "tiny", "prompt": "one two three", "max_tokens": 6})
-    own = _get(f"{llama_server.base_url}/metrics")
+    own = text = ""
+    for _ in range(50):  # the sidecar scrapes every second; both read once the server's counters settled
+        own = _get(f"{llama_server.base_url}/metrics")
+        text = _get(f"{llama_sidecar.base_url}/metrics")
+        decode_s = sample_sum(own, cl.TOKENS_PREDICTED_SECONDS.name)
+        if decode_s > 0 and sample_sum(text, ce.ENGINE_DECODE_SECONDS.series) == pytest.approx(decode_s):
+            break
+        time.sleep(0.2)
     capture = os.environ.get("INFERWATCH_CAPTURE_DIR")
     if capture:
         Path(capture).mkdir(parents=True, exist_ok=True)
         (Path(capture) / "llamacpp_real.prom").write_text(own)
     assert {f.name for f in text_string_to_metric_families(own)} >= {s.name.removesuffix("_total") for s in cl.SPECS}
-    decode_s = sample_sum(own, cl.TOKENS_PREDICTED_SECONDS.name)
-    text = ""
-    for _ in range(50):  # the sidecar scrapes every second
-        text = _get(f"{llama_sidecar.base_url}/metrics")
-        if sample_sum(text, ce.ENGINE_DECODE_SECONDS.series) == pytest.approx(decode_s):
-            break
-        time.sleep(0.2)
     assert sample_sum(text, ce.ENGINE_DECODE_SECONDS.series) == pytest.approx(decode_s)
     assert sample_sum(text, ce.ENGINE_PREFILL_SECONDS.series) == pytest.approx(sample_sum(own, cl.PROMPT_SECONDS.name))
     assert sample_sum(text, ce.ENGINE_GENERATION_TOKENS.series) == sample_sum(own, cl.TOKENS_PREDICTED.name)
