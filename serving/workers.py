@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter
 from exporters.catalog import request as cat
 from exporters.errors import ConfigError
 from exporters.inflight import InFlight, InFlightRequests, InFlightTokens
-from exporters.records import Outcome, RequestRecord
+from exporters.records import AnswerPhases, Outcome, RequestRecord
 from serving.front import Front
 
 log = structlog.get_logger(__name__)
@@ -87,6 +87,8 @@ def record_from_wire(data: dict[str, Any]) -> RequestRecord:
     values = {key: value for key, value in data.items() if key in _RECORD_FIELDS and key != "engine"}
     try:
         values["outcome"] = Outcome(values.get("outcome", "ok"))
+        if isinstance(values.get("answer_phases"), dict):  # Ollama's or llama.cpp's numbers, from their answer
+            values["answer_phases"] = AnswerPhases(**values["answer_phases"])
         return RequestRecord(**values)
     except TypeError as err:
         raise ValueError(f"not a request record: {err}") from err

@@ -10,8 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
 
+from exporters.records import AnswerPhases, RequestRecord
+from serving.workers import record_from_wire
 from tests.fakes.ollama_upstream import FakeOllama, build_app
 from tests.unit.serving.inprocess import requests_counted, start_sidecar
 
@@ -63,3 +66,11 @@ async def test_a_stream_cut_before_the_final_message_ends_with_an_ndjson_error_l
     finally:
         await sidecar.session.close()
         await serving.cleanup()
+
+
+def test_a_secondary_workers_record_keeps_the_answers_engine_phases() -> None:
+    """serve --workers N: a record sent to the primary as JSON comes back with its AnswerPhases, not a dict."""
+    phases = AnswerPhases("ollama", prefill_s=0.02, decode_s=0.1, load_s=0.3, total_s=0.43, prompt_tokens=3,
+                          generated_tokens=8)
+    record = RequestRecord(trace_id="ab" * 16, span_id="cd" * 8, route="/api/generate", answer_phases=phases)
+    assert record_from_wire(orjson.loads(orjson.dumps(record))).answer_phases == phases
