@@ -296,9 +296,10 @@ def sinh(x: float) -> float:
     sign = x < 0
     x = abs(x)
     if x > 21:
-        temp = exp(x) / 2
+        temp = exp(x) * 0.5
     elif x > 0.5:
-        temp = (exp(x) - exp(-x)) / 2
+        ex = exp(x)
+        temp = (ex - 1 / ex) * 0.5
     else:
         sq = x * x
         temp = (((-0.2630563213397497062819489e+2 * sq + -0.2894211355989563807284660366e+4) * sq
@@ -312,8 +313,9 @@ def cosh(x: float) -> float:
     """Go's Cosh."""
     x = abs(x)
     if x > 21:
-        return exp(x) / 2
-    return (exp(x) + exp(-x)) / 2
+        return exp(x) * 0.5
+    ex = exp(x)
+    return (ex + 1 / ex) * 0.5
 
 
 def tanh(x: float) -> float:
