@@ -6,7 +6,6 @@ the same dict that is written to the rule files Prometheus loads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -14,17 +13,10 @@ import yaml
 from alert_rules import cutover, intervene, slo, tenant_slo
 from alert_rules.annotate import annotate
 from alert_rules.config import RulesConfig
+from alert_rules.promql import UnsupportedExpression, check_supported
 from alert_rules.spec import AlertRule, RuleGroup
 from exporters.errors import ConfigError
 from exporters.records import DEFAULT_LENGTH_EDGES
-
-
-def _checker() -> Callable[[str], None] | None:
-    try:
-        from alert_rules.promql import check_supported  # written in parallel; optional until it lands
-    except ImportError:
-        return None
-    return check_supported
 
 
 def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> tuple[RuleGroup, ...]:
@@ -32,7 +24,7 @@ def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LE
 
     Raises:
         ConfigError: the config names an unknown alert, or produces an expression the embedded
-            evaluator cannot run (``UnsupportedExpression`` is a ValueError with the construct).
+            evaluator cannot run (the message names the group, the rule and the construct).
     """
     groups = annotate(config, (*slo.rule_groups(config), *intervene.rule_groups(config, tuple(length_edges)),
                                *cutover.rule_groups(config), *tenant_slo.rule_groups(config)))
@@ -45,11 +37,13 @@ def build_groups(config: RulesConfig, length_edges: tuple[int, ...] = DEFAULT_LE
         raise ConfigError(
             "rules.severity_overrides", f"names no alert ({unknown[0]!r}); alerts are {', '.join(names)}"
         )
-    check = _checker()
-    if check is not None:
-        for group in groups:
-            for rule in group.rules:
-                check(rule.expr)
+    for group in groups:
+        for rule in group.rules:
+            try:
+                check_supported(rule.expr)
+            except UnsupportedExpression as err:
+                named = f"alert {rule.name!r}" if isinstance(rule, AlertRule) else f"record {rule.record!r}"
+                raise ConfigError("rules", f"group {group.name!r}, {named}: {err}") from err
     return groups
 
 

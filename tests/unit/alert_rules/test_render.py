@@ -121,3 +121,15 @@ def test_rule_groups_accepts_settings_duck_typed() -> None:
     from serving.config import defaults
 
     assert render.rule_groups(defaults()) == render.rule_groups(RulesConfig(), EDGES)
+
+
+def test_a_rule_the_evaluator_cannot_run_is_refused_naming_group_rule_and_construct(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rules build` refuses, before writing anything, a rule outside what the embedded evaluator speaks."""
+    from alert_rules.spec import RecordingRule, RuleGroup
+
+    bad = RuleGroup("extra", (RecordingRule("job:x:smooth", "holt_winters(x[5m], 0.5, 0.5)"),))
+    real = slo.rule_groups
+    monkeypatch.setattr(slo, "rule_groups", lambda config: (*real(config), bad))
+    with pytest.raises(ConfigError, match=r"group 'extra', record 'job:x:smooth': PromQL syntax.*holt_winters"):
+        render.build_groups(RulesConfig())
