@@ -77,8 +77,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="The client's timeout per request through the jitter (10).")
     sizes.add_argument("--prefix-requests", type=int, default=1000, metavar="N",
                        help="Requests sharing a prefix, and as many with distinct ones (1000).")
-    sizes.add_argument("--prefix-words", type=int, default=1024, metavar="W",
-                       help="Length of the prefix in words, capped to the context (1024).")
+    sizes.add_argument("--prefix-tokens", type=int, default=1024, metavar="T",
+                       help="Length of the shared prefix in the target's tokens, capped to the context (1024).")
     sizes.add_argument("--prefix-target", type=float, default=0.85, metavar="F",
                        help="Prefix-cache hit ratio to reach (0.85).")
     sizes.add_argument("--max-tokens", type=int, default=16, metavar="T", help="max_tokens per request (16).")
@@ -116,7 +116,7 @@ def spec_of(args: argparse.Namespace) -> PrelaunchSpec:
         mix=args.mix, mix_requests=args.mix_requests, concurrency=args.concurrency, long_requests=args.long_requests,
         cold_starts=args.cold_starts, cold_start_s=args.cold_start_duration, jitter_min_s=args.jitter_min_ms / 1000,
         jitter_max_s=args.jitter_max_ms / 1000, jitter_requests=args.jitter_requests,
-        jitter_timeout_s=args.jitter_timeout, prefix_requests=args.prefix_requests, prefix_words=args.prefix_words,
+        jitter_timeout_s=args.jitter_timeout, prefix_requests=args.prefix_requests, prefix_tokens=args.prefix_tokens,
         prefix_target=args.prefix_target, max_tokens=args.max_tokens, health_path=args.health_path,
         restart_timeout_s=args.restart_timeout, kill_load_s=args.kill_load,
     )

@@ -19,7 +19,7 @@ import aiohttp
 from exporters.catalog.gpu import GPU_POWER, GPU_TEMPERATURE, GPU_TOKENS_PER_JOULE
 from exporters.catalog.request import FAST_RETRIES, REQUESTS
 from exporters.catalog.vllm import PREFIX_CACHE_QUERIES
-from serving.loadtest.calibrate import max_model_len
+from serving.loadtest.calibrate import calibrate, max_model_len
 from serving.loadtest.capacity import DEFAULT_HEADROOM_PER_100_RPM, Provisioning
 from serving.loadtest.coldstart import Restart, shell_restart, unexpected_failures
 from serving.loadtest.drill import DrillSpec, find_process, kill_drill
@@ -32,10 +32,12 @@ from serving.loadtest.warmup import WarmupSpec, warm_up
 from serving.prelaunch import baseline as bl
 from serving.prelaunch.checklist import Item
 from serving.prelaunch.jitter import JitterProxy
-from serving.prelaunch.prefix import SUFFIX_WORDS, PrefixSource, prefix_phase
+from serving.prelaunch.prefix import PrefixSource, prefix_phase
 from serving.prelaunch.sidecar_metrics import read_samples, total
 
 Say = Callable[[str], None]
+PREFIX_ROOM = 32
+"""Tokens left below the context for each request's own suffix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ class PrelaunchSpec:
     jitter_requests: int = 20
     jitter_timeout_s: float = 10.0
     prefix_requests: int = 1000
-    prefix_words: int = 1024
+    prefix_tokens: int = 1024
     prefix_target: float = 0.85
     max_tokens: int = 16
     health_path: str = "/health"
@@ -214,17 +216,20 @@ async def shared_prefix(ctx: Context) -> Item:
     line = f"{s.prefix_requests} requests sharing a prefix reuse the prefix cache ({s.prefix_target:.0%})"
     async with aiohttp.ClientSession() as session:
         context = await max_model_len(session, s.url, s.model)
-    words = s.prefix_words
-    if context is not None and words + SUFFIX_WORDS + s.max_tokens + 16 > context:
-        words = context - SUFFIX_WORDS - s.max_tokens - 16
-        ctx.warnings.append(f"shared prefix of {s.prefix_words} words capped to {words}: the model's context is "
-                            f"{context} tokens")
+        goal = s.prefix_tokens
+        if context is not None and goal > context - s.max_tokens - PREFIX_ROOM:
+            goal = context - s.max_tokens - PREFIX_ROOM
+            ctx.warnings.append(f"shared prefix of {s.prefix_tokens} tokens capped to {goal}: the model's context is "
+                                f"{context} tokens")
+        calibration = await calibrate(session, s.url, s.model, [goal], chat=False, max_tokens=s.max_tokens,
+                                      say=ctx.say)
+    words = calibration.lengths[0].words
     load = s.load(requests=s.prefix_requests)
     metrics = s.engine_metrics_url or s.sidecar_metrics
     shared = await prefix_phase(load, PrefixSource(words, True, s.max_tokens), metrics)
     distinct = await prefix_phase(load, PrefixSource(words, False, s.max_tokens), metrics)
-    evidence = {"prefix_words": words, "engine_metrics_url": metrics, "shared": shared.to_dict(),
-                "distinct": distinct.to_dict()}
+    evidence = {"prefix_tokens": calibration.lengths[0].tokens, "engine_metrics_url": metrics,
+                "shared": shared.to_dict(), "distinct": distinct.to_dict()}
     ratio = shared.hit_ratio
     if ratio is None:
         return Item("shared_prefix", line, "manual", f"{metrics} gives no prefix-cache counters (vLLM's "
