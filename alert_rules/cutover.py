@@ -24,7 +24,8 @@ from exporters.catalog.request import REQUESTS
 
 FIND_CLIENTS = (
     "Who sends them: the request records' `client` (serve.client_header, else the User-Agent), `requested_model` "
-    "and `wrong_model` keys: `inferwatch logs search` on the archive, or your log backend."
+    "and `wrong_model` keys, every one kept: `inferwatch logs cat --dir DIR --since 1h | jq -r "
+    "'select(.wrong_model) | .client' | sort | uniq -c`, or your log backend."
 )
 
 
