@@ -280,7 +280,8 @@ class Evaluator:
             return vec[0][1] if len(vec) == 1 else math.nan
         if name in _SIMPLE:
             func = _SIMPLE[name]
-            return _unique([(drop_name(labels), func(v)) for labels, v in self.vector(node.args[0], t)])
+            out = [(drop_name(labels), func(v)) for labels, v in self.vector(node.args[0], t)]
+            return out if _one_name(node.args[0]) else _unique(out)
         if name in ("clamp", "clamp_min", "clamp_max"):
             return self.clamp(node, t)
         if name == "absent":
@@ -375,7 +376,7 @@ class Evaluator:
             if value is None:
                 continue
             out.append((labels if name == "last_over_time" else drop_name(labels), value))
-        return out if name == "last_over_time" else _unique(out)
+        return out if name == "last_over_time" or _one_name(matrix_arg) else _unique(out)
 
     def subquery(self, node: Subquery, t: int) -> tuple[int, int, Matrix]:
         """(window start, window end, series) of a subquery: its expression evaluated at every multiple of
@@ -669,6 +670,13 @@ def _unique(out: Vector) -> Vector:
     if len(out) > 1 and len({labels for labels, _ in out}) != len(out):
         raise EvaluationError("vector cannot contain metrics with the same labelset")
     return out
+
+
+def _one_name(node: Node) -> bool:
+    """True when every series of the node's result has one metric name (dropping it keeps them apart)."""
+    if isinstance(node, RangeSelector):
+        node = node.selector
+    return isinstance(node, Selector) and node.name is not None
 
 
 def _key(keys: dict[Labels, Labels], key_of: Callable[[Labels], Labels], labels: Labels) -> Labels:
