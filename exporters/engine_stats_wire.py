@@ -3,13 +3,14 @@
 Standard library only: the plugin (:mod:`exporters.vllm_plugin`) runs inside vLLM's process and
 imports this module and vLLM, nothing else of ours. A datagram is compact JSON::
 
-    {"v": 1, "s": [kv_cache_usage, running, waiting, deferred, dropped] | null,
+    {"v": 1, "s": [kv_cache_usage, running, waiting, deferred, dropped, max_num_seqs] | null,
      "r": [[request_id, queued_s, prefill_s, decode_s, inference_s, e2e_s,
             preemptions, cached_tokens, prompt_tokens, generation_tokens, finish_reason], ...]}
 
 ``s`` is the scheduler's state after the step (``dropped``: datagrams the plugin could not send
-so far), ``r`` the requests that finished in it; a step with many finished requests is split
-over several datagrams of at most :data:`MAX_DATAGRAM_BYTES`.
+so far; ``max_num_seqs``: vLLM's own setting, absent from plugins older than it), ``r`` the
+requests that finished in it; a step with many finished requests is split over several datagrams
+of at most :data:`MAX_DATAGRAM_BYTES`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class EngineStepStats(NamedTuple):
     waiting: int
     deferred: int
     dropped: int
+    max_num_seqs: int = 0
+    """vLLM's ``--max-num-seqs`` (its scheduler's limit on the running batch); 0: a plugin that does not send it."""
 
 
 def encode(step: EngineStepStats | None, requests: Sequence[EngineRequestStats]) -> Iterator[bytes]:
@@ -87,7 +90,7 @@ def decode(datagram: bytes) -> tuple[EngineStepStats | None, list[EngineRequestS
         raise ValueError(f"not an inferwatch engine-stats datagram of version {VERSION}")
     try:
         state = message.get("s")
-        step = EngineStepStats(float(state[0]), *(int(x) for x in state[1:5])) if state is not None else None
+        step = EngineStepStats(float(state[0]), *(int(x) for x in state[1:6])) if state is not None else None
         requests = [
             EngineRequestStats._make((str(r[0]), *(float(x) for x in r[1:6]), *(int(x) for x in r[6:10]), str(r[10])))
             for r in message.get("r", ())

@@ -224,6 +224,8 @@ class EngineContext:
     preemptions_in_window: float | None = None
     """vLLM's ``vllm:num_preemptions_total`` growth around the request (every request's)."""
     max_num_seqs: int | None = None
+    max_num_seqs_source: str | None = None
+    """``vllm`` (its own setting, sent by the stat-logger plugin) or ``rules.max_num_seqs`` (the sidecar's)."""
     in_flight_max: float | None = None
     cold_starts: tuple[ColdStartSpan, ...] = ()
     """The upstream's cold starts the sidecar remembers (its last few, and one going on)."""
@@ -241,7 +243,8 @@ class EngineContext:
         return {
             "source": self.source, "running_max": self.running_max, "waiting_max": self.waiting_max,
             "kv_usage_max": _round(self.kv_usage_max, 3), "preemptions_in_window": self.preemptions_in_window,
-            "max_num_seqs": self.max_num_seqs, "in_flight_max": self.in_flight_max,
+            "max_num_seqs": self.max_num_seqs, "max_num_seqs_source": self.max_num_seqs_source,
+            "in_flight_max": self.in_flight_max,
             "gpu_utilization_max": _round(self.gpu_utilization_max, 3),
             "gpu_memory_used_max_bytes": self.gpu_memory_used_max_bytes,
             "gpu_temperature_max": self.gpu_temperature_max, "gpu_clock_events": list(self.gpu_clock_events),

@@ -74,6 +74,7 @@ class InferwatchStatLogger(StatLoggerBase):
         """vLLM's latest scheduler stats, sent or not (what :meth:`log` repeats)."""
         self._socket: socket.socket | None = None
         self._addresses: list[Any] = []
+        self.max_num_seqs = int(getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", 0) or 0)
         value = os.environ.get(ENV, "").strip()
         if not value:
             return
@@ -134,7 +135,7 @@ class InferwatchStatLogger(StatLoggerBase):
     def _step(self, scheduler_stats: Any) -> EngineStepStats:
         return EngineStepStats(
             scheduler_stats.kv_cache_usage, scheduler_stats.num_running_reqs, scheduler_stats.num_waiting_reqs,
-            getattr(scheduler_stats, "num_skipped_waiting_reqs", 0), self.dropped,
+            getattr(scheduler_stats, "num_skipped_waiting_reqs", 0), self.dropped, self.max_num_seqs,
         )
 
     def _send(self, datagram: bytes) -> None:

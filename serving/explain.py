@@ -169,14 +169,17 @@ class ContextSources:
             except (IndexError, ValueError, RuntimeError):
                 notes.append("the store was busy")
         steps = self.steps.between(start_unix, end_unix) if self.steps is not None else None
+        limit: dict[str, Any] = {"max_num_seqs": self._max_num_seqs,
+                                 "max_num_seqs_source": "rules.max_num_seqs" if self._max_num_seqs else None}
         if steps:
+            if steps[-1].max_num_seqs:  # vLLM's own setting, from a plugin that sends it
+                limit = {"max_num_seqs": steps[-1].max_num_seqs, "max_num_seqs_source": "vllm"}
             return EngineContext(
                 "plugin_steps", running_max=max(s.running for s in steps), waiting_max=max(s.waiting for s in steps),
                 kv_usage_max=max(s.kv_cache_usage for s in steps), preemptions_in_window=preemptions,
-                max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes),
-                **gpu)
+                in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes), **limit, **gpu)
         if store is None:
-            return EngineContext("none", max_num_seqs=self._max_num_seqs, cold_starts=cold,
+            return EngineContext("none", cold_starts=cold, **limit,
                                  note="no plugin steps and no rule engine store cover the request")
         try:
             running = _store_max(store, vllm_specs.NUM_REQUESTS_RUNNING.series, start_ms, end_ms)
@@ -189,7 +192,7 @@ class ContextSources:
         return EngineContext(
             "sidecar_store", running_max=None if running is None else int(running),
             waiting_max=None if waiting is None else int(waiting), kv_usage_max=kv, preemptions_in_window=preemptions,
-            max_num_seqs=self._max_num_seqs, in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes), **gpu)
+            in_flight_max=in_flight, **limit, cold_starts=cold, note="; ".join(notes), **gpu)
 
 
 def peers_p50_ms(store: SeriesStore | None, model: str, length_bucket: str, at_unix: float) -> dict[str, float]:

@@ -7,6 +7,7 @@ request-log archive given with ``--dir``. Exit 0 when found, 1 when not (saying 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -182,7 +183,8 @@ def render(explanation: dict[str, Any]) -> str:
         known = [f"{label} {context[key]:g}{suffix}" for key, label, suffix in (
             ("running_max", "running up to", ""), ("waiting_max", "waiting up to", ""),
             ("kv_usage_max", "KV usage up to", ""), ("preemptions_in_window", "vLLM preemptions around it", ""),
-            ("max_num_seqs", "max_num_seqs", " (rules.max_num_seqs)"), ("in_flight_max", "in the sidecar up to", ""),
+            ("max_num_seqs", "max_num_seqs", f" ({context.get('max_num_seqs_source') or 'rules.max_num_seqs'})"),
+            ("in_flight_max", "in the sidecar up to", ""),
             ("gpu_utilization_max", "GPU utilisation up to", ""), ("gpu_temperature_max", "GPU temperature up to",
                                                                    " °C"))
             if context.get(key) is not None]
@@ -208,6 +210,7 @@ def _with_prometheus(explanation: dict[str, Any], prometheus: str) -> dict[str, 
         context = context_from_prometheus(prometheus, facts.model, facts.start_unix, facts.end_unix,
                                           max_num_seqs=known.get("max_num_seqs"),
                                           cold_starts=cold_starts_from_json(known))
+        context = dataclasses.replace(context, max_num_seqs_source=known.get("max_num_seqs_source"))
     except PrometheusContextError as err:
         print(f"inferwatch explain: {err}; the context stays {known['source']}'s", file=sys.stderr)
         return explanation

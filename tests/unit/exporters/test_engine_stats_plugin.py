@@ -203,3 +203,21 @@ def test_an_admission_or_a_preemption_is_sent_at_once(plugin_module: types.Modul
         logger.record(scheduler, iteration)
         assert decode(listener.recv(65536)) == (EngineStepStats(0.5, 3, 3, 1, 0), [])
     assert logger.sent == 2
+
+
+def test_the_plugin_sends_vllms_max_num_seqs_and_an_older_step_reads_as_unknown(
+    plugin_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin sends vLLM's own --max-num-seqs (scheduler_config.max_num_seqs) with each step; a step of five
+    numbers (a plugin older than it) decodes with max_num_seqs 0, unknown."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.settimeout(5)
+        monkeypatch.setenv(plugin_module.ENV, f"udp://127.0.0.1:{listener.getsockname()[1]}")
+        config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(max_num_seqs=6))
+        plugin_module.InferwatchStatLogger(config).record(*_vllm_stats(1))
+        step, _ = decode(listener.recv(65536))
+    assert step is not None
+    assert step.max_num_seqs == 6
+    older = b'{"v":1,"s":[0.5,3,2,1,0],"r":[]}'
+    assert decode(older)[0] == EngineStepStats(0.5, 3, 2, 1, 0, 0)
