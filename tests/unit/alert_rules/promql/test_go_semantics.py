@@ -38,6 +38,7 @@ def test_go_calendar() -> None:
     new_year_eve = {name: f(1735603200) for name, f in DATE_FIELDS.items()}  # 2024-12-31T00:00:00Z, a Tuesday
     assert new_year_eve == {"year": 2024, "month": 12, "day_of_month": 31, "day_of_week": 2, "day_of_year": 366,
                             "days_in_month": 31, "hour": 0, "minute": 0}
+    assert (DATE_FIELDS["month"](1709251200), DATE_FIELDS["day_of_month"](1709251200)) == (3, 1)  # 2024-03-01
     assert go_int64(math.nan) == go_int64(1e300) == -(1 << 63)
     assert go_int64(-2.9) == -2
 
