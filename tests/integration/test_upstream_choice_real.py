@@ -48,6 +48,16 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None)
         return err.code, json.loads(err.read()), err.headers.get("x-trace-id", "")
 
 
+def _stream_text(url: str, body: dict[str, Any]) -> str:
+    """POST a streamed completion; the text of its content events."""
+    request = urllib.request.Request(url + "/v1/completions", data=json.dumps({"model": MODEL, "stream": True, **body})
+                                     .encode(), method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        lines = response.read().decode().splitlines()
+    events = [json.loads(line[5:]) for line in lines if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+    return "".join(choice.get("text") or "" for event in events for choice in event.get("choices", []))
+
+
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
@@ -200,8 +210,9 @@ def test_high_priority_requests_queue_less_in_a_full_batch(
 def test_shadow_mismatches_are_the_two_servers_own_differences(
     vllm_server: servers.VllmServer, second_vllm_server: servers.VllmServer, tmp_path: Path,
 ) -> None:
-    """Every greedy request copied to the second server: the clients get the first server's answers, and the
-    mismatch count equals the prompts on which the two servers, asked directly, answer differently."""
+    """Every greedy request, streamed and not, copied to the second server: the clients get the first server's
+    answers, and the mismatch count is twice the prompts on which the two servers, asked directly, answer
+    differently."""
     direct = {server.base_url: [_post(server.base_url, {"prompt": p, "max_tokens": 8, "temperature": 0})[1]
                                 ["choices"][0]["text"] for p in GREEDY_PROMPTS]
               for server in (vllm_server, second_vllm_server)}
@@ -211,13 +222,16 @@ def test_shadow_mismatches_are_the_two_servers_own_differences(
     try:
         answers = [_post(sidecar.base_url, {"prompt": p, "max_tokens": 8, "temperature": 0}) for p in GREEDY_PROMPTS]
         assert [answer["choices"][0]["text"] for _, answer, _ in answers] == direct[vllm_server.base_url]
+        streamed = [_stream_text(sidecar.base_url, {"prompt": p, "max_tokens": 8, "temperature": 0})
+                    for p in GREEDY_PROMPTS]
+        assert streamed == direct[vllm_server.base_url]
 
         def compared() -> float:
             return _metric(sidecar.base_url, "inferwatch_shadow_requests_total")
 
-        _wait_for(lambda: compared() == len(GREEDY_PROMPTS), "every comparison", compared)
-        assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="mismatch") == differ
-        assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="match") == 6 - differ
+        _wait_for(lambda: compared() == 2 * len(GREEDY_PROMPTS), "every comparison", compared)
+        assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="mismatch") == 2 * differ
+        assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="match") == 2 * (6 - differ)
         record = _record(tmp_path / "logs", answers[0][2])
         assert record["shadow_status"] == 200
         assert record["shadow_completion_tokens"] == 8
