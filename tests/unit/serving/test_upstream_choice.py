@@ -317,3 +317,14 @@ async def test_a_shadowed_stream_is_compared_with_the_text_the_client_got(
     assert record is not None
     assert record["shadow_result"] == "mismatch"
     assert record["shadow_distance"] == (8 - CHUNKS_BEFORE_FAULT) / 8
+
+
+async def test_without_the_client_header_the_address_keeps_a_client_on_its_side(
+    primary: tuple[FakeOpenAI, ThreadedServer], second: tuple[FaultyUpstream, ThreadedServer], tmp_path: Path,
+) -> None:
+    """Requests without x-client-id all come from 127.0.0.1: one key, so all of them land on one side."""
+    (main_fake, main), (canary_fake, canary) = primary, second
+    async with _sidecar(main.url, tmp_path / "logs", canary_upstream=canary.url, canary_weight=0.5) as sidecar:
+        for _ in range(6):
+            assert (await send(sidecar, None, stream=False)).status == 200
+    assert sorted((len(main_fake.requests), len(canary_fake.requests))) == [0, 6]
