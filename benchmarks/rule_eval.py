@@ -55,7 +55,8 @@ DOMAINS: dict[str, tuple[str, ...]] = {
     "reason": ("queue_full", "write_error"),
     "source": ("response_body", "exit_code"),
 }
-"""Values of the labels that take several; per-instance labels are made from the instance number."""
+"""Values of the labels that take several; per-instance labels are made from the instance number, any
+other label takes one value."""
 
 
 def rule_document() -> dict[str, Any]:
@@ -102,7 +103,7 @@ def label_sets(sample: str, spec: MetricSpec, instance: int) -> list[dict[str, s
                     "upstream": f"http://10.0.{instance // 256}.{instance % 256}:8000"}
     combos: list[dict[str, str]] = [{"__name__": sample, "instance": f"node-{instance}:9400"}]
     for label in spec.labels:
-        values = (per_instance[label],) if label in per_instance else DOMAINS[label]
+        values = (per_instance[label],) if label in per_instance else DOMAINS.get(label, ("0",))
         combos = [{**c, label: v} for c in combos for v in values]
     if spec.type is MetricType.HISTOGRAM and sample == spec.bucket:
         bounds = [*(repr(float(b)) for b in spec.buckets or ()), "+Inf"]
