@@ -189,9 +189,11 @@ def render(explanation: dict[str, Any]) -> str:
                                                                    " °C"))
             if context.get(key) is not None]
         alongside = context.get("alongside")
-        if alongside:
+        if alongside and alongside["requests"]:
             known.append(f"{alongside['requests']} other requests in the sidecar meanwhile (prompts "
                          f"{alongside['prompt_tokens']:,} tokens, the longest {alongside['prompt_tokens_max']:,})")
+        elif alongside:
+            known.append("no other request in the sidecar meanwhile")
         if context.get("gpu_clock_events"):
             known.append("GPU clock events " + ", ".join(context["gpu_clock_events"]))
         lines.append(f"Around it ({context['source']}): " + (", ".join(known) or "nothing recorded"))
