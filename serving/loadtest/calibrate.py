@@ -157,6 +157,7 @@ async def calibrate(
     result = Calibration("tokenize", context)
     count = tokenize_count(session, url, model, chat=chat)
     ratio: float | None = None
+    fitted: dict[int, tuple[int, int]] = {}
 
     async def fit(goal: int, guess: int) -> tuple[int, int, int]:
         nonlocal count
@@ -176,6 +177,11 @@ async def calibrate(
             result.warnings.append(f"prompt length {asked} is above the model's context (max_model_len {context} "
                                    f"less max_tokens {max_tokens}); capped at {limit} tokens")
             say(f"warning: {result.warnings[-1]}")
+        if goal in fitted:  # two lengths capped to the same context: count nothing twice
+            words, tokens = fitted[goal]
+            result.lengths.append(Length(asked, words, tokens, str(asked)))
+            say(f"calibrated {asked} tokens: {words} words = {tokens} tokens (as {goal})")
+            continue
         if ratio is None and limit is not None and goal > PROBE_TOKENS:
             # Counting by usage, a first guess over the context is refused outright: learn the ratio on a short
             # prompt, and aim a little below the goal at first.
@@ -185,6 +191,7 @@ async def calibrate(
         first_guess = round(goal / (ratio or 1.0) * (CAP_AIM if limit is not None and goal == limit else 1.0))
         words, tokens, made = await fit(goal, first_guess)
         result.counts += made
+        fitted[goal] = (words, tokens)
         ratio = tokens / words if words else ratio
         if tokens != goal:
             result.warnings.append(f"no prompt of exactly {goal} tokens: {words} words give {tokens}")
