@@ -30,6 +30,7 @@ from tests.conftest import require
 from tests.fakes.faulty_upstream import ThreadedServer
 from tests.fakes.switching_gateway import SwitchingGateway
 from tests.harness import servers
+from tests.harness.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.real_server
 
@@ -142,10 +143,11 @@ def _fingerprint(ids: list[list[int]]) -> str:
 
 @pytest.fixture(scope="module", name="release")
 def _release(
-    vllm_server: servers.VllmServer, second_vllm_server: servers.VllmServer,
+    vllm_server: servers.VllmServer, second_vllm_server: servers.VllmServer, otlp_receiver: OtlpReceiver,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[SwitchingGateway, servers.SidecarServer, Path]]:
-    """A sidecar in front of the gateway (first at ``vllm_server``), its records archived unsampled."""
+    """A sidecar in front of the gateway (first at ``vllm_server``), its records archived unsampled, its spans
+    sent to ``otlp_receiver``."""
     del second_vllm_server  # started here, before the sidecar: the switch test needs it ready
     work = tmp_path_factory.mktemp("cutover")
     gateway = SwitchingGateway(vllm_server.base_url)
@@ -156,9 +158,18 @@ def _release(
             "--serve-readiness-interval-s", "0.5", "--rules-evaluation-interval-s", "1", "--scrape-enabled", "false",
             "--serve-retired-models", '["tiny-llm-v0"]', "--serve-model-renames", '{"tiny-llm-renamed" = "tiny-llm"}',
             "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "100", "--logs-success-sample-ratio", "1",
+            "--tracing-otlp-endpoint", otlp_receiver.endpoint,
         ]))
         yield gateway, sidecar, work / "logs"
         sidecar.stop()
+
+
+def _span_attributes(receiver: OtlpReceiver, trace_id: str) -> dict[str, object]:
+    """The attributes of the sidecar's span of a request."""
+    spans = receiver.wait_for(lambda s: s.trace_id == trace_id and s.service == "inferwatch"
+                              and "inferwatch.text_class" in s.attributes)
+    assert spans, f"no span of {trace_id} with the release-day attributes"
+    return spans[0].attributes
 
 
 def _record(logs: Path, trace_id: str) -> dict[str, Any]:
@@ -173,7 +184,7 @@ def _record(logs: Path, trace_id: str) -> dict[str, Any]:
 
 
 def test_wrong_model_from_a_stale_route_and_a_retired_name_with_the_client(
-    release: tuple[SwitchingGateway, servers.SidecarServer, Path],
+    release: tuple[SwitchingGateway, servers.SidecarServer, Path], otlp_receiver: OtlpReceiver,
 ) -> None:
     """An answer from another model than requested and a request for a retired name count, each under its
     reason, as often as the clients saw them; an alias from /v1/models and a configured rename do not. The
@@ -195,11 +206,13 @@ def test_wrong_model_from_a_stale_route_and_a_retired_name_with_the_client(
     assert (record["client"], record["requested_model"], record["wrong_model"]) == (
         USER_AGENT, "tiny-llm-next", "other_model")
     assert _record(logs, refused[0][3])["wrong_model"] == "retired_model"
+    span = _span_attributes(otlp_receiver, other[0][3])
+    assert (span["inferwatch.wrong_model"], span["inferwatch.client"]) == ("other_model", USER_AGENT)
     assert "wrong_model" not in _record(logs, answers[2][3])  # an alias
 
 
 def test_text_classes_are_counted_on_real_requests(
-    release: tuple[SwitchingGateway, servers.SidecarServer, Path],
+    release: tuple[SwitchingGateway, servers.SidecarServer, Path], otlp_receiver: OtlpReceiver,
 ) -> None:
     """Twenty emoji make an emoji_dense request, Japanese a cjk one, English a plain one, as many as were sent."""
     _gateway, sidecar, logs = release
@@ -211,14 +224,16 @@ def test_text_classes_are_counted_on_real_requests(
                                                     model_name=MODEL, outcome="ok")}
     assert {cls: after[cls] - before.get(cls, 0.0) for cls in sent} == {cls: len(p) for cls, p in sent.items()}
     assert _record(logs, traces["emoji_dense"][0])["text_class"] == "emoji_dense"
+    assert _span_attributes(otlp_receiver, traces["cjk"][0])["inferwatch.text_class"] == "cjk"
 
 
 def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
     release: tuple[SwitchingGateway, servers.SidecarServer, Path], second_vllm_server: servers.VllmServer,
+    otlp_receiver: OtlpReceiver,
 ) -> None:
     """The fingerprint is the one the tokenizer on disk gives; after the switch to the second model (same name,
     one not-ready probe between), it is the second tokenizer's, one change is counted, InferwatchTokenizerChanged
-    fires in the sidecar's rule engine, and new records carry the new fingerprint."""
+    fires in the sidecar's rule engine, and new records and spans carry the new fingerprint."""
     gateway, sidecar, logs = release
     first, second = (_fingerprint(ids) for ids in disk_ids(
         list(PROBE_TEXTS), servers.TINY_MODEL_DIR, servers.SECOND_TINY_MODEL_DIR))
@@ -241,3 +256,4 @@ def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
     _wait_for(lambda: "InferwatchTokenizerChanged: firing" in alerts(), "the tokenizer alert", alerts)
     trace_id = _complete(sidecar.base_url, MODEL, "after the switch")[2]
     assert _record(logs, trace_id)["tokenizer_fingerprint"] == second
+    assert _span_attributes(otlp_receiver, trace_id)["inferwatch.tokenizer.fingerprint"] == second
