@@ -243,8 +243,8 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
             merged[-1][1] += count
         else:
             merged.append([bound, count])
-    top = -INF
-    for b in merged:
+    top = merged[0][1]  # Prometheus 2.42 starts from the first bucket's count (NaN there disables the fix-up)
+    for b in merged[1:]:
         if b[1] > top:
             top = b[1]
         elif b[1] < top:
@@ -255,11 +255,15 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     if observations == 0:
         return NAN
     rank = q * observations
-    index = len(merged) - 1
-    for i in range(len(merged) - 1):
-        if merged[i][1] >= rank:
-            index = i
-            break
+    # Go's sort.Search (a binary search) for the first bucket holding the rank: with NaN counts the
+    # buckets are not ordered, and a linear scan could stop elsewhere
+    index, hi = 0, len(merged) - 1
+    while index < hi:
+        mid = (index + hi) // 2
+        if merged[mid][1] >= rank:
+            hi = mid
+        else:
+            index = mid + 1
     if index == len(merged) - 1:
         return merged[-2][0]
     if index == 0 and merged[0][0] <= 0:

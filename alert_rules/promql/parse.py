@@ -97,6 +97,7 @@ class _Converter:
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.pinned = 0  # subqueries with @ enclosing the node being converted
 
     def refuse(self, construct: str, problem: str, pattern: str | None = None) -> UnsupportedExpression:
         position = None
@@ -136,6 +137,9 @@ class _Converter:
         """An @ modifier as milliseconds (Go rounds the seconds to the nearest millisecond), start or end."""
         if modifier is None:
             return None
+        if self.pinned:
+            # Prometheus 2.42 moves such a node's time when the subquery's first step falls on the evaluation time
+            raise self.refuse("@ modifier", "an @ inside a subquery that has its own @ is not supported", r"@")
         kind = str(getattr(modifier, "type", ""))
         if kind.endswith("Start"):
             return "start"
@@ -150,13 +154,18 @@ class _Converter:
         return int(math.copysign(math.floor(abs(micros) / 1000 + 0.5), micros))
 
     def subquery(self, expr: pp.SubqueryExpr) -> Subquery:
-        inner = self.node(expr.expr)
+        at = self.at(expr.at)
+        self.pinned += at is not None
+        try:
+            inner = self.node(expr.expr)
+        finally:
+            self.pinned -= at is not None
         if inner.kind != "vector":
             raise self.refuse("subquery", f"a subquery needs an instant vector, got a {inner.kind}",
                               r"\[[^\]]*:[^\]]*\]")
         step = _ms(expr.step) if expr.step is not None else 0
         offset = _ms(expr.offset) if expr.offset is not None else 0
-        return Subquery(inner, _ms(expr.range) if expr.range is not None else 0, step, offset, self.at(expr.at))
+        return Subquery(inner, _ms(expr.range) if expr.range is not None else 0, step, offset, at)
 
     def selector(self, sel: pp.VectorSelector, at: object, offset_delta: timedelta | None) -> Selector:
         if sel.matchers.or_matchers:

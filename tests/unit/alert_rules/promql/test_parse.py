@@ -34,6 +34,7 @@ def test_supported_expressions_pass(expr: str) -> None:
     ("sum(rate(x[5m])) + label_replace(y, \"a-b\", \"b\", \"c\", \"d\")", "function label_replace()", 19),
     ("sum(x) + label_replace(y, \"a\", \"b\", \"c\", \"(\")", "function label_replace()", 9),
     ("x @ -100", "@ modifier", 2),
+    ("max_over_time((x @ 10)[5m:1m] @ 100)", "@ modifier", 17),
     ("sort_by_label(x, \"a\")", "function sort_by_label()", 0),
     ("rate(x[5m]", "syntax", None),
 ])
