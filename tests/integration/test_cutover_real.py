@@ -3,7 +3,7 @@
 Truths come from outside the code under test: the two tiny models' tokenizers on disk (read with the
 ``tokenizers`` library in vLLM's venv), what each client received, and what the test sent. A small
 forwarding gateway (tests/fakes/switching_gateway.py) stands where a real gateway would: it switches the
-upstream from the first tiny model to the second (same name, other tokenizer) with one not-ready probe in
+upstream from the first tiny model to the second (same name, other tokenizer) with not-ready probes in
 between, rewrites model names like a stale route, and lists an alias.
 """
 
@@ -232,7 +232,7 @@ def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
     otlp_receiver: OtlpReceiver,
 ) -> None:
     """The fingerprint is the one the tokenizer on disk gives; after the switch to the second model (same name,
-    one not-ready probe between), it is the second tokenizer's, one change is counted, InferwatchTokenizerChanged
+    two not-ready probes between), it is the second tokenizer's, one change is counted, InferwatchTokenizerChanged
     fires in the sidecar's rule engine, and new records and spans carry the new fingerprint."""
     gateway, sidecar, logs = release
     first, second = (_fingerprint(ids) for ids in disk_ids(
@@ -244,7 +244,7 @@ def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
                                                      model_name=MODEL)]
 
     _wait_for(lambda: fingerprints() == [first], "the first fingerprint", fingerprints)
-    gateway.switch(second_vllm_server.base_url, not_ready_probes=1)
+    gateway.switch(second_vllm_server.base_url, not_ready_probes=2)
     _wait_for(lambda: fingerprints() == [second], "the second fingerprint", fingerprints)
     assert [v for _, v in _metric(sidecar.base_url, "inferwatch_upstream_tokenizer_changes_total",
                                   model_name=MODEL)] == [1.0]
