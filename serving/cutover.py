@@ -18,6 +18,7 @@ import aiohttp
 import orjson
 import structlog
 from opentelemetry.trace import Span
+from prometheus_client import CollectorRegistry
 
 from exporters.cutover_metrics import CutoverMetrics, TokenizerFingerprints
 from exporters.model_match import ModelNames, aliases_from_models, model_names
@@ -25,7 +26,7 @@ from exporters.records import RequestRecord
 from exporters.text_class import text_class
 from exporters.tokenizer_drift import PROBE_TEXTS, fingerprint
 from serving.config import ServeConfig
-from serving.proxy import prompt_strings
+from serving.proxy import RequestDescriber, prompt_strings
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +64,7 @@ async def models_payload(session: aiohttp.ClientSession, upstream: str) -> Any:
         return await response.json(loads=orjson.loads, content_type=None)
 
 
-def request_describer(config: ServeConfig) -> Callable[[RequestRecord, Mapping[str, str], dict[str, Any] | None], None]:
+def request_describer(config: ServeConfig) -> RequestDescriber:
     """The proxy's call that puts the client, the requested model and the prompt's text class on a record."""
     client_header = config.client_header or "User-Agent"
     threshold = config.emoji_dense_threshold
@@ -85,7 +86,9 @@ def request_describer(config: ServeConfig) -> Callable[[RequestRecord, Mapping[s
 class CutoverWatch:
     """Per-request release-day signals and the tokenizer fingerprints of the upstreams."""
 
-    def __init__(self, config: ServeConfig, registry: Any, session: Callable[[], aiohttp.ClientSession]) -> None:
+    def __init__(
+        self, config: ServeConfig, registry: CollectorRegistry, session: Callable[[], aiohttp.ClientSession],
+    ) -> None:
         self._names: ModelNames = model_names(config.model_renames, config.retired_models)
         self._metrics = CutoverMetrics(registry)
         self.fingerprints = TokenizerFingerprints(registry)
