@@ -1,7 +1,8 @@
 """Fast retries: a client sending the same request again within a moment of the last one ending.
 
 A request is a fast retry when the same client (its ``client`` and ``tenant``) sent the same model and
-prompt (:attr:`RequestRecord.repeat_key`, a salted hash; never the text) and the previous such request
+prompt (:attr:`RequestRecord.repeat_key`, a salted hash; never the text) to the same route (a prompt counted
+on /tokenize and then generated is two requests), and the previous such request
 ended less than ``window_s`` before this one started. Clients should back off at least 500 ms, doubling
 (the launch checklist's rule): a retry sooner adds load to an engine that is already failing. Memory is
 bounded by ``max_entries`` (client, prompt) pairs, the oldest forgotten first.
@@ -23,14 +24,14 @@ class FastRetries:
     def __init__(self, window_s: float, max_entries: int = 65536) -> None:
         self._window_s = window_s
         self._max_entries = max_entries
-        self._ended: OrderedDict[tuple[str, str, int], float] = OrderedDict()
+        self._ended: OrderedDict[tuple[str, str, str, int], float] = OrderedDict()
 
     def is_fast_retry(self, record: RequestRecord) -> bool:
         """Note a finished request; True when it started within the window after the same client's same request
         ended. Requests without a prompt hash or a start time are never retries."""
         if record.repeat_key is None or not record.start_unix:
             return False
-        key = (record.client or "", record.tenant, record.repeat_key)
+        key = (record.client or "", record.tenant, record.route, record.repeat_key)
         previous = self._ended.pop(key, None)
         self._ended[key] = record.start_unix + (record.e2e_s or 0.0)
         if len(self._ended) > self._max_entries:
