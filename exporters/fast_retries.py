@@ -1,11 +1,11 @@
 """Fast retries: a client sending the same request again within a moment of the last one ending.
 
-A request is a fast retry when the same client (its ``client`` and ``tenant``) sent the same model and
-prompt (:attr:`RequestRecord.repeat_key`, a salted hash; never the text) to the same route (a prompt counted
-on /tokenize and then generated is two requests), and the previous such request
-ended less than ``window_s`` before this one started. Clients should back off at least 500 ms, doubling
+A request is a fast retry when the same client (its ``client`` and ``tenant``) sent the same body
+(:attr:`RequestRecord.body_key`, a salted hash; never the body) to the same route, and the previous such request
+ended less than ``window_s`` before this one started (the same prompt with other options, such as another
+``max_tokens``, is another request). Clients should back off at least 500 ms, doubling
 (the launch checklist's rule): a retry sooner adds load to an engine that is already failing. Memory is
-bounded by ``max_entries`` (client, prompt) pairs, the oldest forgotten first.
+bounded by ``max_entries`` (client, route, body) keys, the oldest forgotten first.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ class FastRetries:
 
     def is_fast_retry(self, record: RequestRecord) -> bool:
         """Note a finished request; True when it started within the window after the same client's same request
-        ended. Requests without a prompt hash or a start time are never retries."""
-        if record.repeat_key is None or not record.start_unix:
+        ended. Requests without a body hash or a start time are never retries."""
+        if record.body_key is None or not record.start_unix:
             return False
-        key = (record.client or "", record.tenant, record.route, record.repeat_key)
+        key = (record.client or "", record.tenant, record.route, record.body_key)
         previous = self._ended.pop(key, None)
         self._ended[key] = record.start_unix + (record.e2e_s or 0.0)
         if len(self._ended) > self._max_entries:

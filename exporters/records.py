@@ -130,6 +130,8 @@ class RequestRecord:
     """Its class from cost.request_class_header (a special cost pool's class), if given."""
     repeat_key: int | None = None
     """A salted 64-bit hash of its model and prompt, for the repeat-prompt estimate (never the text)."""
+    body_key: int | None = None
+    """A salted 64-bit hash of its body as the client sent it, for fast retries (never the body)."""
     requested_model: str | None = None
     """The ``model`` the request named, as sent (cut to 128 characters); ``model`` is its bounded label."""
     client: str | None = None

@@ -331,6 +331,7 @@ class Proxy:
             prompt_hash(payload, record)  # after normalization: one text, one hash
         if self._tenancy is not None:
             self._tenancy.key_prompt(payload, outgoing.model, record)  # salted, for the repeat-prompt estimate
+            self._tenancy.key_body(body, record)  # salted, for fast retries (exporters/fast_retries.py)
         if outgoing.stream and not native:  # Ollama's native stream always ends with its counts
             options = payload.get("stream_options")
             options = dict(options) if isinstance(options, dict) else {}

@@ -78,6 +78,10 @@ class Tenancy:
             digest = hashlib.blake2b(orjson.dumps([model, prompt]), digest_size=8, key=self._salt).digest()
             record.repeat_key = int.from_bytes(digest, "big")
 
+    def key_body(self, body: bytes, record: RequestRecord) -> None:
+        """Set ``record.body_key``: a salted hash of the request body as the client sent it (fast retries)."""
+        record.body_key = int.from_bytes(hashlib.blake2b(body, digest_size=8, key=self._salt).digest(), "big")
+
     def _tenant(self, headers: Mapping[str, str]) -> str:
         if self._key_map is None:
             name = headers.get(self._header)

@@ -174,7 +174,7 @@ WORKER_RECORDS = MetricSpec(
 FAST_RETRIES = MetricSpec(
     "inferwatch_fast_retries", MetricType.COUNTER,
     "Requests the same client (serve.client_header or User-Agent, and tenant) sent again to the same route with the "
-    "same model and prompt within serve.fast_retry_window_ms of the end of the previous one: retries without "
+    "same body within serve.fast_retry_window_ms of the end of the previous one: retries without "
     "backoff, which "
     "pile onto an engine that is already failing. Counted when the repeat ends, by model.",
     ("model_name",),

@@ -10,7 +10,7 @@ from exporters.records import RequestRecord
 
 def _record(start: float, *, client: str = "c", key: int | None = 7, e2e: float = 0.2,
             route: str = "/v1/completions") -> RequestRecord:
-    return RequestRecord("t" * 32, "s" * 16, route, client=client, repeat_key=key, start_unix=start, e2e_s=e2e)
+    return RequestRecord("t" * 32, "s" * 16, route, client=client, body_key=key, start_unix=start, e2e_s=e2e)
 
 
 @pytest.mark.parametrize(("gap_s", "fast"), [(0.1, True), (0.49, True), (0.5, False), (2.0, False)],
@@ -23,8 +23,8 @@ def test_a_repeat_within_the_window_after_the_end_is_fast(gap_s: float, fast: bo
 
 
 def test_other_clients_prompts_and_routes_are_no_retries() -> None:
-    """Another client with the same prompt, the same client with another, or the same prompt counted on /tokenize
-    and then generated, is a request of its own."""
+    """Another client with the same body, the same client with another, or the same body to another route, is a
+    request of its own."""
     retries = FastRetries(0.5)
     retries.is_fast_retry(_record(100.0, route="/tokenize"))
     assert not retries.is_fast_retry(_record(100.3))
