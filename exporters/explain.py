@@ -220,6 +220,9 @@ class EngineContext:
     """Where the engine's numbers came from: ``plugin_steps``, ``sidecar_store`` or ``none``."""
     running_max: int | None = None
     waiting_max: int | None = None
+    waiting_deferred_max: int | None = None
+    """Of the waiting, the most held back by a transient constraint (LoRA budget, a KV transfer): vLLM's
+    ``deferred`` reason; the rest waited for room in the batch or the KV cache (``capacity``)."""
     kv_usage_max: float | None = None
     preemptions_in_window: float | None = None
     """vLLM's ``vllm:num_preemptions_total`` growth around the request (every request's)."""
@@ -242,6 +245,7 @@ class EngineContext:
         """JSON-ready (the explanation's ``context``)."""
         return {
             "source": self.source, "running_max": self.running_max, "waiting_max": self.waiting_max,
+            "waiting_deferred_max": self.waiting_deferred_max,
             "kv_usage_max": _round(self.kv_usage_max, 3), "preemptions_in_window": self.preemptions_in_window,
             "max_num_seqs": self.max_num_seqs, "max_num_seqs_source": self.max_num_seqs_source,
             "in_flight_max": self.in_flight_max,
@@ -350,7 +354,8 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         phases.get("vllm_until_first_token", 0.0) if (context.waiting_max or 0) > 0 else 0.0)
     if _significant(queue_ms, e2e, QUEUE_FLOOR_MS):
         evidence = {"queue_ms": round(queue_ms, 1), "running_max": context.running_max,
-                    "waiting_max": context.waiting_max, "kv_usage_max": _round(context.kv_usage_max, 3),
+                    "waiting_max": context.waiting_max, "waiting_deferred_max": context.waiting_deferred_max,
+                    "kv_usage_max": _round(context.kv_usage_max, 3),
                     "max_num_seqs": context.max_num_seqs, "queue_split": engine is not None}
         if context.kv_usage_max is not None and context.kv_usage_max >= KV_FULL:
             found.append(_cause("queue_kv_capacity", queue_ms, f"it queued {queue_ms:,.0f} ms waiting for KV blocks "

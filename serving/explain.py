@@ -100,10 +100,13 @@ class RequestRing:
         return chosen[:n]
 
 
-def _store_max(store: SeriesStore, name: str, start_ms: int, end_ms: int) -> float | None:
-    """The largest sum over series at one time of ``name`` in ``[start, end]``; None when none was stored."""
+def _store_max(store: SeriesStore, name: str, start_ms: int, end_ms: int, **where: str) -> float | None:
+    """The largest sum over series (those with the labels ``where``) at one time of ``name`` in ``[start, end]``;
+    None when none was stored."""
     totals: dict[int, float] = {}
-    for _labels, times, values in store.window(name, [], start_ms, end_ms):
+    for labels, times, values in store.window(name, [], start_ms, end_ms):
+        if where and any(dict(labels).get(key) != value for key, value in where.items()):
+            continue
         for t, v in zip(times, values, strict=True):
             totals[t] = totals.get(t, 0.0) + v
     return max(totals.values()) if totals else None
@@ -176,6 +179,7 @@ class ContextSources:
                 limit = {"max_num_seqs": steps[-1].max_num_seqs, "max_num_seqs_source": "vllm"}
             return EngineContext(
                 "plugin_steps", running_max=max(s.running for s in steps), waiting_max=max(s.waiting for s in steps),
+                waiting_deferred_max=max(s.deferred for s in steps),
                 kv_usage_max=max(s.kv_cache_usage for s in steps), preemptions_in_window=preemptions,
                 in_flight_max=in_flight, cold_starts=cold, note="; ".join(notes), **limit, **gpu)
         if store is None:
@@ -184,14 +188,18 @@ class ContextSources:
         try:
             running = _store_max(store, vllm_specs.NUM_REQUESTS_RUNNING.series, start_ms, end_ms)
             waiting = _store_max(store, vllm_specs.NUM_REQUESTS_WAITING.series, start_ms, end_ms)
+            deferred = _store_max(store, vllm_specs.NUM_REQUESTS_WAITING_BY_REASON.series, start_ms, end_ms,
+                                  reason="deferred")
             kv = _store_max(store, vllm_specs.KV_CACHE_USAGE_PERC.series, start_ms, end_ms)
         except (IndexError, ValueError, RuntimeError):
-            running = waiting = kv = None
+            running = waiting = deferred = kv = None
             notes.append("the store was busy")
         notes.append(f"scraped every {self._pad_s:g} s: the nearest samples, not the request's own moments")
         return EngineContext(
             "sidecar_store", running_max=None if running is None else int(running),
-            waiting_max=None if waiting is None else int(waiting), kv_usage_max=kv, preemptions_in_window=preemptions,
+            waiting_max=None if waiting is None else int(waiting),
+            waiting_deferred_max=None if deferred is None else int(deferred), kv_usage_max=kv,
+            preemptions_in_window=preemptions,
             in_flight_max=in_flight, **limit, cold_starts=cold, note="; ".join(notes), **gpu)
 
 

@@ -82,6 +82,8 @@ def context_from_prometheus(
 
     running = _peak(base, total(vllm_specs.NUM_REQUESTS_RUNNING), start, end)
     waiting = _peak(base, total(vllm_specs.NUM_REQUESTS_WAITING), start, end)
+    by_reason = selector(vllm_specs.NUM_REQUESTS_WAITING_BY_REASON.series, same, ("reason", "=", "deferred"))
+    deferred = _peak(base, f"sum({by_reason})", start, end)
     window = f"{math.ceil(end - start)}s"
     increase = _get(base, "/api/v1/query", {
         "query": f"sum(increase({selector(vllm_specs.NUM_PREEMPTIONS.series, same)}[{window}]))", "time": end})
@@ -89,6 +91,7 @@ def context_from_prometheus(
     return EngineContext(
         "prometheus", running_max=None if running is None else int(running),
         waiting_max=None if waiting is None else int(waiting),
+        waiting_deferred_max=None if deferred is None else int(deferred),
         kv_usage_max=_peak(base, f"max({selector(vllm_specs.KV_CACHE_USAGE_PERC.series, same)})", start, end),
         preemptions_in_window=float(increase[0]["value"][1]) if increase else None, max_num_seqs=max_num_seqs,
         in_flight_max=_peak(base, total(request_specs.REQUESTS_IN_FLIGHT), start, end), cold_starts=cold_starts,

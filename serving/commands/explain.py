@@ -182,6 +182,7 @@ def render(explanation: dict[str, Any]) -> str:
     if context["source"] != "none":
         known = [f"{label} {context[key]:g}{suffix}" for key, label, suffix in (
             ("running_max", "running up to", ""), ("waiting_max", "waiting up to", ""),
+            ("waiting_deferred_max", "deferred up to", ""),
             ("kv_usage_max", "KV usage up to", ""), ("preemptions_in_window", "vLLM preemptions around it", ""),
             ("max_num_seqs", "max_num_seqs", f" ({context.get('max_num_seqs_source') or 'rules.max_num_seqs'})"),
             ("in_flight_max", "in the sidecar up to", ""),

@@ -328,12 +328,14 @@ async def test_a_client_that_reads_slowly_is_client_slow_read_within_what_it_pau
 
 
 async def _vllm_peaks(server: servers.VllmServer, done: asyncio.Event) -> dict[str, float]:
-    """The largest running and waiting counts vLLM's own gauges showed until ``done`` (read every 0.05 s)."""
-    peaks = {"running": 0.0, "waiting": 0.0}
+    """The largest running, waiting and deferred counts vLLM's own gauges showed until ``done`` (read every 0.05 s)."""
+    peaks = {"running": 0.0, "waiting": 0.0, "deferred": 0.0}
     while not done.is_set():
         text = await asyncio.to_thread(server.metrics_text)
         peaks["running"] = max(peaks["running"], sample_sum(text, cv.NUM_REQUESTS_RUNNING.series))
         peaks["waiting"] = max(peaks["waiting"], sample_sum(text, cv.NUM_REQUESTS_WAITING.series))
+        peaks["deferred"] = max(peaks["deferred"], sample_sum(text, cv.NUM_REQUESTS_WAITING_BY_REASON.series,
+                                                              reason="deferred"))
         await asyncio.sleep(0.05)
     return peaks
 
@@ -353,10 +355,10 @@ async def test_the_context_from_prometheus_is_the_engines_state_at_the_requests_
     batch_sidecar: servers.SidecarServer, second_vllm_server: servers.VllmServer,
     prometheus_factory: Callable[[str], servers.PrometheusServer],
 ) -> None:
-    """A real Prometheus scraping the sidecar every 0.5 s while six streams share vLLM's two seats: explained with
-    --prometheus, the most-queued request's context comes from Prometheus, running up to 2 and waiting up to what
-    vLLM's own gauges showed (at least 1), the sidecar's in-flight requests between 2 and the 6 sent, and its cause
-    stays queue_full_batch with the same queue time."""
+    """A real Prometheus scraping vLLM and the sidecar every 0.5 s while six streams share vLLM's two seats:
+    explained with --prometheus, the most-queued request's context comes from Prometheus, running up to 2 and
+    waiting up to what vLLM's own gauges showed (at least 1; deferred as its by-reason gauge showed), the sidecar's
+    in-flight requests between 2 and the 6 sent, and its cause stays queue_full_batch with the same queue time."""
     prometheus = prometheus_factory(  # as deployed: vLLM's own series from vLLM, the sidecar's from the sidecar
         "global: {scrape_interval: 500ms}\nscrape_configs:\n"
         f"  - {{job_name: inferwatch, static_configs: [{{targets: ['127.0.0.1:{batch_sidecar.port}']}}]}}\n"
@@ -382,6 +384,7 @@ async def test_the_context_from_prometheus_is_the_engines_state_at_the_requests_
     assert context["source"] == "prometheus"
     assert context["running_max"] == peaks["running"] == 2
     assert 1 <= context["waiting_max"] <= peaks["waiting"]
+    assert context["waiting_deferred_max"] == peaks["deferred"]  # none deferred: they waited for room
     assert 2 <= context["in_flight_max"] <= 6
     assert context["max_num_seqs"] == 2
     assert again["causes"][0]["cause"] == "queue_full_batch"
