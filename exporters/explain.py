@@ -200,6 +200,9 @@ class ColdStartSpan:
     cause: str
     began_unix: float
     ended_unix: float | None
+    lost_after_unix: float | None = None
+    """The probe before ``began_unix`` found vLLM ready no earlier than this (one readiness interval before): it
+    went down at some moment in ``(lost_after_unix, began_unix]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +256,8 @@ class EngineContext:
             "gpu_memory_used_max_bytes": self.gpu_memory_used_max_bytes,
             "gpu_temperature_max": self.gpu_temperature_max, "gpu_clock_events": list(self.gpu_clock_events),
             "alongside": None if self.alongside is None else dataclasses.asdict(self.alongside),
-            "cold_starts": [{"cause": c.cause, "began_unix": c.began_unix, "ended_unix": c.ended_unix}
-                            for c in self.cold_starts],
+            "cold_starts": [{"cause": c.cause, "began_unix": c.began_unix, "ended_unix": c.ended_unix,
+                             "lost_after_unix": c.lost_after_unix} for c in self.cold_starts],
             "note": self.note,
         }
 
@@ -262,7 +265,8 @@ class EngineContext:
 def cold_starts_from_json(context: Mapping[str, Any]) -> tuple[ColdStartSpan, ...]:
     """The cold starts an explanation's ``context`` names (to carry them over to another context)."""
     return tuple(ColdStartSpan(str(c["cause"]), float(c["began_unix"]),
-                               None if c.get("ended_unix") is None else float(c["ended_unix"]))
+                               None if c.get("ended_unix") is None else float(c["ended_unix"]),
+                               None if c.get("lost_after_unix") is None else float(c["lost_after_unix"]))
                  for c in context.get("cold_starts") or ())
 
 
@@ -333,6 +337,7 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         found.append(_cause("upstream_error", e2e, f"it failed: {facts.error_type or facts.outcome} "
                             f"(HTTP {facts.http_status})", http_status=facts.http_status,
                             error_type=facts.error_type, error_message=(facts.error_message or "")[:200]))
+    failed = facts.outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT)
     for cold in context.cold_starts:
         evidence = {"cold_start_cause": cold.cause, "began_unix": cold.began_unix, "ended_unix": cold.ended_unix}
         if cold.began_unix <= facts.start_unix and (cold.ended_unix is None or facts.start_unix <= cold.ended_unix):
@@ -342,6 +347,11 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         elif facts.start_unix < cold.began_unix <= facts.end_unix:
             found.append(_cause("upstream_restart", (facts.end_unix - cold.began_unix) * 1000.0,
                                 "vLLM went down while it ran (readiness lost)", **evidence))
+        elif failed and cold.lost_after_unix is not None and facts.start_unix < cold.began_unix and \
+                cold.lost_after_unix <= facts.end_unix < cold.began_unix:
+            # it failed just before a probe found vLLM gone, in the interval in which vLLM went down
+            found.append(_cause("upstream_restart", e2e, "vLLM went down while it ran (readiness lost right after "
+                                "it failed)", **evidence, lost_after_unix=cold.lost_after_unix))
     if engine is not None and _significant(engine.load_ms, e2e, QUEUE_FLOOR_MS):
         found.append(_cause("cold_start", engine.load_ms, f"{engine.source} loaded the model for it first "
                             f"({engine.load_ms:,.0f} ms of load_duration)", load_ms=round(engine.load_ms, 1)))

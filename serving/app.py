@@ -255,6 +255,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         steps=engine_stats.steps if engine_stats is not None else None, store=rule_engine_store,
         cold_starts=cold_starts,
         max_num_seqs=settings.rules.max_num_seqs, scrape_interval_s=settings.rules.evaluation_interval_s,
+        readiness_interval_s=settings.serve.readiness_interval_s,
     ))
     add_shadow_routes(admin, ring)  # the shadowed requests for `inferwatch shadow report --sidecar`
     admin.router.add_get(USAGE_PATH, usage_handler(usage.ledger, settings.cost.currency))

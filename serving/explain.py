@@ -135,8 +135,9 @@ class ContextSources:
 
     def __init__(
         self, *, steps: EngineSteps | None, store: Callable[[], SeriesStore | None], cold_starts: ColdStartTracker,
-        max_num_seqs: int, scrape_interval_s: float,
+        max_num_seqs: int, scrape_interval_s: float, readiness_interval_s: float = 0.0,
     ) -> None:
+        self._readiness_interval_s = readiness_interval_s
         self.steps = steps
         self.store = store
         self._cold_starts = cold_starts
@@ -145,10 +146,13 @@ class ContextSources:
 
     def _cold_start_spans(self) -> tuple[ColdStartSpan, ...]:
         tracker = self._cold_starts
-        spans = [ColdStartSpan(c.cause, c.began_unix, c.began_unix + c.first_token_after_s) for c in tracker.recent]
+        lost = self._readiness_interval_s
+        spans = [ColdStartSpan(c.cause, c.began_unix, c.began_unix + c.first_token_after_s, c.began_unix - lost)
+                 for c in tracker.recent]
         going_on = tracker.in_progress()
         if going_on is not None:
-            spans.append(ColdStartSpan(going_on["cause"], going_on["began_unix"], None))
+            spans.append(ColdStartSpan(going_on["cause"], going_on["began_unix"], None,
+                                       going_on["began_unix"] - lost))
         return tuple(spans)
 
     def context(self, start_unix: float, end_unix: float) -> EngineContext:

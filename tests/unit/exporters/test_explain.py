@@ -172,3 +172,16 @@ def test_an_archived_record_is_split_as_the_ring_splits_the_same_request() -> No
         assert from_archive["largest_gap_ms"] == from_ring["largest_gap_ms"]
     assert {p["name"] for p in explain(facts_from_record(record))["phases"]} >= {"sidecar", "connect",
                                                                                   "client_slow_read"}
+
+
+def test_a_request_cut_just_before_the_probe_saw_vllm_gone_is_upstream_restart() -> None:
+    """A request that failed 0.3 s before a probe found vLLM down, within the probe interval before it, names
+    upstream_restart; one that succeeded then, or failed before the interval, does not."""
+    began = START + 3.0
+    context = EngineContext("plugin_steps", running_max=1, cold_starts=(
+        ColdStartSpan("readiness_lost", began, None, began - 1.0),))
+    cut = _facts(e2e_ms=2700.0, outcome="upstream_error", http_status=502)
+    assert "upstream_restart" in _causes(cut, context)
+    assert "upstream_restart" not in _causes(_facts(e2e_ms=2700.0), context)
+    assert "upstream_restart" not in _causes(_facts(e2e_ms=1500.0, outcome="upstream_error", http_status=502),
+                                             context)
