@@ -2,7 +2,12 @@
 
 Under ``CI=true`` a real server that cannot be installed or started fails the test; elsewhere
 it is skipped with the reason. Every server is stopped by its pid at teardown, also when a test
-fails. vLLM servers are shared per session: one regular, one with a tiny KV cache.
+fails. vLLM servers are shared per session: one regular, one with a tiny KV cache, and the second
+tiny model for the tests that need two upstreams.
+
+Under ``CI=true`` the property tests (hypothesis, among them the evaluator's differential tests against
+promtool) draw from a fixed seed, so a CI run is reproducible and a red one can be rerun as it was; on a
+developer's machine they explore new examples each run.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import TypeVar
 
 import pytest
 import structlog
+from hypothesis import settings
 
 from log_pipeline import chain
 from tests.harness import servers
@@ -24,6 +30,10 @@ from tests.harness.otlp_receiver import OtlpReceiver
 
 T = TypeVar("T")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if IN_CI:
+    settings.load_profile("ci")
 
 
 def require(start: Callable[[], T]) -> T:
