@@ -42,8 +42,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client.utils import floatToGoString
-
 from alert_rules.config import RulesConfig
 from alert_rules.runbooks import EXPLAIN_SLOWEST, KV_FIXES, ROLLBACK, SHED, Runbook
 from alert_rules.scenario import (
@@ -96,7 +94,7 @@ def error_outcomes() -> tuple[str, ...]:
 
 def le_value(bound: float) -> str:
     """The ``le`` label value the exporter writes for a bucket bound (``10`` -> ``10.0``)."""
-    return str(floatToGoString(bound))
+    return buckets.le_label(bound)
 
 
 def error_ratio_name(window_s: int) -> str:

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Exemplar
-from prometheus_client.utils import floatToGoString
 
+from exporters.buckets import le_label
 from exporters.catalog.spec import MetricSpec
 
 _FEW = 8
@@ -113,7 +113,7 @@ class BatchHistogram:
     def collect(self) -> Iterator[Metric]:
         """The family as prometheus_client's Histogram exposes it."""
         family = HistogramMetricFamily(self._spec.name, self._spec.help, labels=self._spec.labels)
-        edges = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        edges = [le_label(b) for b in self._bounds] + ["+Inf"]
         for values, child in list(self._children.items()):
             counts, exemplars, total = child.snapshot()
             cumulative, buckets = 0, []

@@ -6,6 +6,10 @@ compared bucket for bucket with vLLM's (and so that an SLO threshold falls on a 
 
 from __future__ import annotations
 
+from typing import cast
+
+from prometheus_client.utils import floatToGoString
+
 REQUEST_LATENCY: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
     120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
@@ -48,3 +52,8 @@ def request_tokens(max_model_len: int = 32768) -> tuple[float, ...]:
 
 REQUEST_TOKENS: tuple[float, ...] = request_tokens()
 """Token-count bounds for the sidecar's prompt/completion histograms (max length 32k)."""
+
+
+def le_label(bound: float) -> str:
+    """A bucket bound as the ``le`` label value Prometheus's client writes (Go's float formatting, ``+Inf``)."""
+    return cast(str, floatToGoString(bound))  # type: ignore[no-untyped-call]  # prometheus_client is untyped here

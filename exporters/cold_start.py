@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
+from exporters.buckets import le_label
 from exporters.catalog.process import UPSTREAM_COLD_START
 
 RECENT_KEPT = 5
@@ -131,7 +131,7 @@ class ColdStartTracker:
         counts = self._counts
         family = HistogramMetricFamily(UPSTREAM_COLD_START.name, UPSTREAM_COLD_START.help)
         cumulative, running = [], 0
-        for bound, count in zip((*(floatToGoString(b) for b in self._bounds), "+Inf"), counts.buckets, strict=True):
+        for bound, count in zip((*(le_label(b) for b in self._bounds), "+Inf"), counts.buckets, strict=True):
             running += count
             cumulative.append((bound, float(running)))
         family.add_metric([], cumulative, counts.total)
