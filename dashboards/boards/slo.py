@@ -109,7 +109,8 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
                    width=8, thresholds=[("green", None), ("orange", rules.degrade_p99_s)], lines=True),
         Row("Shadow traffic"),
         timeseries("Shadowed requests by result", "Requests copied to the shadow (serve.shadow_upstream) per "
-                   "second: match, mismatch, not_compared (a side without text), and copies dropped (full, slow, down).",
+                   "second: match, mismatch, not_compared (a side without text), and copies dropped (full, "
+                   "slow, down).",
                    "reqps", q.shadow_results(), width=6, stacked=True),
         timeseries("Shadow match rate", "Share of the compared shadowed requests whose outputs matched (greedy: the "
                    "same text; otherwise a token edit distance of 0).", "percentunit", q.shadow_match_rate(),
