@@ -8,6 +8,7 @@ and the request-log archive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -402,14 +403,20 @@ async def _ready(session: aiohttp.ClientSession, sidecar: servers.SidecarServer)
 async def test_requests_during_and_after_a_restart_are_cold_start_by_the_clients_own_record(
     batch_sidecar: servers.SidecarServer, second_vllm_server: servers.VllmServer
 ) -> None:
-    """vLLM restarted in place: a request sent while the sidecar sees it down fails and names cold_start beside
+    """vLLM restarted in place: a stream it was generating, cut (the client got an error event, not its tokens), names
+    upstream_restart; a request sent while the sidecar sees vLLM down fails and names cold_start beside
     upstream_error; the first request once vLLM is back names cold_start first, begun after the client started the
     restart and ended by that request's own first token; a later request names neither."""
     server, base = second_vllm_server, batch_sidecar.base_url
     server.wait_idle()
     async with aiohttp.ClientSession() as session:
-        asked = time.time()
-        restarting = asyncio.create_task(asyncio.to_thread(server.restart))
+        long = {"model": "tiny-llm", "prompt": PROMPT, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        async with session.post(f"{base}/v1/completions", json=long) as cut:
+            cut_trace, received = cut.headers["x-trace-id"], await cut.content.readany()  # its first tokens
+            asked = time.time()
+            restarting = asyncio.create_task(asyncio.to_thread(server.restart))
+            with contextlib.suppress(aiohttp.ClientError):  # the connection may break rather than end
+                received += await cut.content.read()
         while await _ready(session, batch_sidecar):  # until a readiness probe has seen vLLM go
             await asyncio.sleep(0.1)
         body = {"model": "tiny-llm", "prompt": PROMPT, "max_tokens": 2, "stream": True}
@@ -420,7 +427,11 @@ async def test_requests_during_and_after_a_restart_are_cold_start_by_the_clients
         back = time.time()
         first_trace, _ = await _stream(session, base, 8)
         later_trace, _ = await _stream(session, base, 8)
-        down, first, later = [await _explained(session, base, t) for t in (down_trace, first_trace, later_trace)]
+        down, first, later, stopped = [await _explained(session, base, t)
+                                       for t in (down_trace, first_trace, later_trace, cut_trace)]
+    assert b'"error"' in received, "the restart must cut the stream (its end an error event) for the check to count"
+    restart = next(c for c in stopped["causes"] if c["cause"] == "upstream_restart")
+    assert stopped["start_unix"] < asked <= restart["evidence"]["began_unix"]
     causes = {c["cause"]: c for c in down["causes"]}
     assert down_status == down["http_status"] >= 500
     assert {"upstream_error", "cold_start"} <= set(causes)
