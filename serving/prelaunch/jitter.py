@@ -14,6 +14,7 @@ from types import TracebackType
 import aiohttp
 from aiohttp import web
 
+SHUTDOWN_S = 2.0
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "content-length"})
 
 
@@ -35,7 +36,8 @@ class JitterProxy:
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._handle)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
-        self._runner = web.AppRunner(app, access_log=None)
+        # Requests the client gave up on are still being delayed: a short grace, not aiohttp's minute, at the end.
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

@@ -278,3 +278,22 @@ def test_the_other_measured_lines_pass(checklist_run: dict[str, Any]) -> None:
         assert items[key]["verdict"] == "pass", items[key]
     assert items["jitter"]["evidence"]["requests"] == 4
     assert len(items["cold_starts"]["evidence"]["restarts"]) == 1
+
+
+def test_jitter_past_the_timeout_and_too_little_capacity_fail_and_missing_commands_are_manual(
+        checklist_run: dict[str, Any], own_sidecar: OwnSidecar, vllm_server: servers.VllmServer) -> None:
+    """Delays of 1.5 s against a 0.5 s client timeout fail the jitter line with its timeouts counted; a million
+    requests a minute are more than this deployment serves; without a restart command both restart lines are
+    manual, saying what they need."""
+    rc, doc = _prelaunch(own_sidecar, vllm_server, checklist_run["work"] / "short", "--mix-requests", "2",
+                         "--max-tokens", "4", "--jitter-min-ms", "1500", "--jitter-max-ms", "1500",
+                         "--jitter-timeout", "0.5", "--jitter-requests", "2", "--expected-rpm", "1000000",
+                         "--only", "mix,jitter,capacity,cold_starts,kill_9")
+    items = {i["key"]: i for i in doc["items"]}
+    assert rc == 1
+    assert items["jitter"]["verdict"] == "fail"
+    assert items["jitter"]["evidence"]["timeouts"] == items["jitter"]["evidence"]["failed"] == 2
+    assert items["capacity"]["verdict"] == "fail"
+    assert items["capacity"]["evidence"]["replicas"] > 1
+    assert (items["cold_starts"]["verdict"], items["kill_9"]["verdict"]) == ("manual", "manual")
+    assert "--restart-cmd" in items["kill_9"]["finding"]
