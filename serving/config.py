@@ -64,10 +64,6 @@ def _header_name(value: Any) -> str | None:
     return None
 
 
-def _optional_header_name(value: Any) -> str | None:
-    return None if value == "" else _header_name(value)
-
-
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """Section ``[serve]``: the proxy."""
@@ -232,8 +228,8 @@ class ServeConfig:
         "is not a wrong-model answer (aliases the upstream lists in /v1/models with the same root are learnt).",
     )
     client_header: str = setting(
-        "", "Request header naming the client in request records (how stale clients are found); empty = the "
-        "User-Agent.", check=_optional_header_name,
+        "x-client-id", "Request header naming the client: the client in request records (how stale clients are "
+        "found), else its User-Agent; and the canary's sticky key, else the client's address.", check=_header_name,
     )
     emoji_dense_threshold: int = setting(
         15, "A prompt with more emoji than this is of text class emoji_dense (inferwatch_text_class_requests_total).",
@@ -278,12 +274,8 @@ class ServeConfig:
         "carry role=canary on their metrics, records and spans. Empty = off.", check=optional_http_url,
     )
     canary_weight: float = setting(
-        0.0, "Share of clients sent to the canary, by a hash of the client's key (canary_client_header, else its "
+        0.0, "Share of clients sent to the canary, by a hash of the client's key (serve.client_header, else its "
         "address): a client stays on its side while the weight stays.", check=ratio,
-    )
-    canary_client_header: str = setting(
-        "x-client-id", "Request header naming the client for the canary's stickiness; without it the client's "
-        "address is its key.", check=_header_name,
     )
 
 

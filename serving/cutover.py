@@ -66,11 +66,11 @@ async def models_payload(session: aiohttp.ClientSession, upstream: str) -> Any:
 
 def request_describer(config: ServeConfig) -> RequestDescriber:
     """The proxy's call that puts the client, the requested model and the prompt's text class on a record."""
-    client_header = config.client_header or "User-Agent"
+    client_header = config.client_header
     threshold = config.emoji_dense_threshold
 
     def describe(record: RequestRecord, headers: Mapping[str, str], payload: dict[str, Any] | None) -> None:
-        client = headers.get(client_header)
+        client = headers.get(client_header) or headers.get("User-Agent")
         if client:
             record.client = client[:MAX_NAME_CHARS]
         if payload is None:

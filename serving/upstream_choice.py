@@ -1,7 +1,7 @@
 """Which upstream serves a request, and what goes with it, chosen once per request before it goes out.
 
 - Canary (serve.canary_upstream): serve.canary_weight of the clients, sticky per client. A client's
-  key (the serve.canary_client_header value, else its address), hashed with BLAKE2b to 64 bits, is
+  key (the serve.client_header value, else its address), hashed with BLAKE2b to 64 bits, is
   a canary client's while it falls below weight x 2^64: the same client stays on its side for as
   long as the weight stays. Its requests carry ``role=canary``. Canary clients stay on the canary
   whatever their prompts' length: the canary is one upstream.
@@ -89,7 +89,7 @@ class UpstreamChoice:
         self._refuse_long = config.long_prompt_fallback == "refuse"
         self._retry_after_s = config.retry_after_s
         self._canary_bound = round(config.canary_weight * _BOUND)
-        self._client_header = config.canary_client_header
+        self._client_header = config.client_header
         self._priority_header = config.priority_header if config.pass_priority else None
         self._shadow_bound = round(config.shadow_ratio * _BOUND)
         self.active = self.long is not None or self.canary is not None or self._priority_header is not None
