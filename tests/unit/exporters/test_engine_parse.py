@@ -1,8 +1,9 @@
 """Tests of exporters.engine_parse: SGLang's and llama.cpp's /metrics read into the engine view, and detection.
 
 The SGLang text was produced by SGLang 0.5.23's own collectors (tests/harness/sglang_exposition.py): the numbers
-checked here are the ones fed to them, not re-derived by our code. The llama.cpp text is written from its
-server's source (tests/data/llamacpp_source_0.3.36.prom says which values came from a real server).
+checked here are the ones fed to them, not re-derived by our code. One llama.cpp text is written from its
+server's source (tests/data/llamacpp_source_0.3.36.prom says which values came from a real server), the other
+captured from a real llama-server (make release-check-llamacpp) and checked against prometheus_client's reading.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.harness import sglang_exposition as fed
 DATA = Path(__file__).resolve().parents[2] / "data"
 SGLANG = (DATA / "sglang_0.5.23.prom").read_text()
 LLAMACPP = (DATA / "llamacpp_source_0.3.36.prom").read_text()
+LLAMACPP_REAL = (DATA / "llamacpp_real_0.3.36.prom").read_text()
 
 
 def _exported(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -113,9 +115,24 @@ def test_ollama_and_a_llamacpp_without_metrics_are_told_by_their_endpoints() -> 
 @pytest.mark.parametrize(("text", "specs"), [
     pytest.param(SGLANG, "sglang", id="every SGLang family the catalog reads is in SGLang's own exposition"),
     pytest.param(LLAMACPP, "llamacpp", id="every llama.cpp family the catalog reads is in its server's text"),
+    pytest.param(LLAMACPP_REAL, "llamacpp", id="every llama.cpp family the catalog reads is in a real server's"),
 ])
 def test_the_catalog_names_only_families_the_engine_writes(text: str, specs: str) -> None:
     """A family renamed or dropped by the engine would read as absent forever: the catalog must match its text."""
     module = {"sglang": cs, "llamacpp": cl}[specs]
     written = {family.name for family in text_string_to_metric_families(text)}
     assert {spec.name.removesuffix("_total") for spec in module.SPECS} <= written
+
+
+def test_a_real_llamacpp_exposition_reads_as_its_own_counters_say() -> None:
+    """The capture of a real llama-server (make release-check-llamacpp): the view holds its counters as
+    prometheus_client reads them, and no KV usage."""
+    raw = {s.name: s.value for f in text_string_to_metric_families(LLAMACPP_REAL) for s in f.samples}
+    snapshot = parse_engine_exposition(LLAMACPP_REAL)
+    view = derive.model_views(snapshot)[0]
+    assert snapshot.parse_errors == 0
+    assert (view.prefill_seconds, view.decode_seconds) == (raw[cl.PROMPT_SECONDS.name],
+                                                           raw[cl.TOKENS_PREDICTED_SECONDS.name])
+    assert view.generation_tokens == raw[cl.TOKENS_PREDICTED.name]
+    assert (view.running, view.waiting) == (raw[cl.REQUESTS_PROCESSING.name], raw[cl.REQUESTS_DEFERRED.name])
+    assert view.kv_usage is None
