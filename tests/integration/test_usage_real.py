@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,6 +175,16 @@ async def test_two_hundred_tenants_stay_within_the_cap(sidecar: servers.SidecarS
     assert len(_tenants(after, cat.TENANT_LATENCY_SECONDS.count)) <= 66
 
 
+async def _until_accounted(base: str, requests: float) -> str:
+    """The sidecar's /metrics once its usage counters hold ``requests`` requests in all."""
+    deadline = time.monotonic() + 30
+    while True:
+        text = _get(f"{base}/metrics")
+        if _usage(text, cat.USAGE_REQUESTS) >= requests or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)
+
+
 def _reports(directory: Path) -> list[Path]:
     return sorted(directory.glob("*/report.json"))
 
@@ -199,19 +210,27 @@ def _showback(args: list[str]) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def test_showback_from_the_sidecar_equals_its_counters(sidecar: servers.SidecarServer, tmp_path: Path) -> None:
-    """`inferwatch showback --sidecar` over the session: each tenant's row equals the sidecar's counters, the
+async def test_showback_from_the_sidecar_equals_its_counters(sidecar: servers.SidecarServer, tmp_path: Path) -> None:
+    """`inferwatch showback --sidecar` over the session: every tenant's row equals the sidecar's counters, the
     totals are the sums of the rows, and the report's files and plots are written."""
-    metrics = _get(f"{sidecar.base_url}/metrics")
+    before = _usage(_get(f"{sidecar.base_url}/metrics"), cat.USAGE_REQUESTS)
+    async with aiohttp.ClientSession() as session:  # named, or 'other' once earlier tests filled the cap
+        for tenant, max_tokens in (("showback-a", 3), ("showback-a", 5), ("showback-b", 2)):
+            await _send(session, sidecar.base_url, _body("showback", max_tokens), {"x-tenant": tenant})
+    metrics = await _until_accounted(sidecar.base_url, before + 3)
     out = tmp_path / "report"
-    document = _showback(["--sidecar", sidecar.base_url, "--from", "1h", "--to", "now", "--out", str(out)])
+    document = await asyncio.to_thread(
+        _showback, ["--sidecar", sidecar.base_url, "--from", "1h", "--to", "now", "--out", str(out)])
     rows = {row["tenant"]: row for row in document["by_tenant"]}
-    for tenant in ("alpha", "beta", "gamma", "delta", "repeater"):
-        assert rows[tenant]["requests"] == _usage(metrics, cat.USAGE_REQUESTS, tenant=tenant)
-        assert rows[tenant]["prompt_tokens"] == _usage(metrics, cat.USAGE_PROMPT_TOKENS, tenant=tenant)
-        assert rows[tenant]["completion_tokens"] == _usage(metrics, cat.USAGE_COMPLETION_TOKENS, tenant=tenant)
-        assert rows[tenant]["gpu_seconds"] == pytest.approx(_usage(metrics, cat.USAGE_GPU_SECONDS, tenant=tenant))
-        assert rows[tenant]["repeat_requests"] == _usage(metrics, cat.USAGE_REPEAT_REQUESTS, tenant=tenant)
+    assert set(rows) == _tenants(metrics)
+    assert document["totals"]["requests"] == _usage(metrics, cat.USAGE_REQUESTS) >= 3
+    for tenant, row in rows.items():
+        assert row["requests"] == _usage(metrics, cat.USAGE_REQUESTS, tenant=tenant)
+        assert row["prompt_tokens"] == _usage(metrics, cat.USAGE_PROMPT_TOKENS, tenant=tenant)
+        assert row["completion_tokens"] == _usage(metrics, cat.USAGE_COMPLETION_TOKENS, tenant=tenant)
+        assert row["gpu_seconds"] == pytest.approx(_usage(metrics, cat.USAGE_GPU_SECONDS, tenant=tenant))
+        assert row["cost"] == pytest.approx(_usage(metrics, cat.USAGE_COST, tenant=tenant))
+        assert row["repeat_requests"] == _usage(metrics, cat.USAGE_REPEAT_REQUESTS, tenant=tenant)
     for figure in ("requests", "prompt_tokens", "completion_tokens", "gpu_seconds", "cost"):
         assert document["totals"][figure] == pytest.approx(sum(row[figure] for row in document["rows"]))
         assert document["totals"][figure] == pytest.approx(sum(row[figure] for row in document["by_tenant"]))
@@ -266,6 +285,7 @@ async def test_api_key_tenants_the_schedule_fires_and_the_key_appears_nowhere(
         rows = [row for row in scheduled.get("by_tenant", []) if row["tenant"] == "payments"]
         if not rows or rows[0]["requests"] < 3:
             scheduled = {}
+    assert scheduled, "the 2 s schedule wrote no report holding the requests within 20 s"
     payments = next(row for row in scheduled["by_tenant"] if row["tenant"] == "payments")
     assert payments["requests"] == 3
     assert payments["cost"] == pytest.approx(cost)
@@ -284,3 +304,50 @@ async def test_api_key_tenants_the_schedule_fires_and_the_key_appears_nowhere(
         assert API_KEY not in text
         assert API_KEY[10:30] not in text
         assert hashed not in text
+
+
+async def test_showback_from_prometheus_follows_the_counters(
+    keyed_sidecar: tuple[servers.SidecarServer, Path], prometheus_factory: Any, tmp_path: Path,
+) -> None:
+    """`inferwatch showback --prometheus` over a window Prometheus scraped: the tenant's figures are the counters'
+    growth (as increase() extrapolates it), the estimate is named as such, the totals are the rows' sums."""
+    sidecar, _ = keyed_sidecar
+    prometheus = prometheus_factory(f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - {{job_name: inferwatch, static_configs: [{{targets: ["{sidecar.base_url.removeprefix('http://')}"]}}]}}
+""")
+    requests = f'sum({cat.USAGE_REQUESTS.series}{{tenant="payments"}})'
+    async with aiohttp.ClientSession() as session:  # the tenant's series exist before the window starts
+        await _send(session, sidecar.base_url, _body("first", 1), {"Authorization": f"Bearer {API_KEY}"})
+    await _until_prometheus(prometheus.base_url, f"{requests} > 0")
+    start = time.time()
+    await asyncio.sleep(4)  # flat samples before the growth: increase() extrapolates little over a sampled window
+    before = _get(f"{sidecar.base_url}/metrics")
+    async with aiohttp.ClientSession() as session:
+        for i in range(4):
+            await _send(session, sidecar.base_url, _body(f"prometheus {i}", 6), {"Authorization": f"Bearer {API_KEY}"})
+    expected = round(_usage(before, cat.USAGE_REQUESTS, tenant="payments")) + 4
+    after = _wait_for_requests(sidecar.base_url, "payments", expected)
+    await _until_prometheus(prometheus.base_url, f"{requests} >= {expected}")
+    await asyncio.sleep(4)  # and after it
+    document = _showback(["--prometheus", prometheus.base_url, "--from", str(start), "--to", str(time.time()),
+                          "--out", str(tmp_path / "prometheus"), "--no-plots"])
+    (row,) = [row for row in document["rows"] if row["tenant"] == "payments"]
+    for figure, spec in (("requests", cat.USAGE_REQUESTS), ("prompt_tokens", cat.USAGE_PROMPT_TOKENS),
+                         ("completion_tokens", cat.USAGE_COMPLETION_TOKENS), ("gpu_seconds", cat.USAGE_GPU_SECONDS)):
+        grew = _usage(after, spec, tenant="payments") - _usage(before, spec, tenant="payments")
+        assert row[figure] == pytest.approx(grew, rel=0.25), figure
+    assert row["gpu_seconds_estimated"] == row["gpu_seconds"] > 0  # no plugin here: all of it the token estimate
+    assert document["totals"]["requests"] == sum(r["requests"] for r in document["rows"])
+
+
+async def _until_prometheus(base: str, expr: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        body = json.loads(_get(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"))
+        if body["data"]["result"]:
+            return
+        await asyncio.sleep(0.5)
+    pytest.fail(f"Prometheus never answered {expr}")
+
