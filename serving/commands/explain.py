@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from alert_rules.engine import RuleFileError, parse_duration_ms
+from alert_rules.engine import parse_duration_ms
 from exporters.errors import InferwatchError
 from exporters.explain import (
     SLOWEST_MAX,
@@ -29,6 +29,7 @@ from exporters.explain import (
 )
 from log_pipeline.errors import ArchiveError
 from log_pipeline.query import Archive, Filter, ts_ms
+from serving.commands import duration_arg
 from serving.commands.logs import trace_id
 from serving.explain_prometheus import PrometheusContextError, context_from_prometheus
 from serving.signing import read_secret_file
@@ -238,13 +239,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _duration(text: str) -> str:
-    try:
-        parse_duration_ms(text, "--since")
-    except RuleFileError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
 
 def _count(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= SLOWEST_MAX:
@@ -259,7 +253,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("trace_id", nargs="?", type=trace_id, metavar="TRACE_ID",
                         help="The request's trace id (32 hex digits, as in the x-trace-id header).")
     parser.add_argument("--slowest", type=_count, metavar="N", help="List the N slowest requests instead.")
-    parser.add_argument("--since", default="15m", type=_duration, metavar="DURATION",
+    parser.add_argument("--since", default="15m", type=duration_arg, metavar="DURATION",
                         help="With --slowest: how far back (15m, 2h; default 15m).")
     parser.add_argument("--model", metavar="M", help="With --slowest: only this model's requests.")
     parser.add_argument("--sidecar", default=DEFAULT_SIDECAR, metavar="URL",

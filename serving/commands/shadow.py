@@ -17,11 +17,12 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from alert_rules.engine import RuleFileError, parse_duration_ms
+from alert_rules.engine import parse_duration_ms
 from exporters.errors import InferwatchError
 from exporters.shadow_report import ShadowSummary, Thresholds, report, summarize
 from log_pipeline.errors import ArchiveError
 from log_pipeline.query import Archive, Filter
+from serving.commands import duration_arg
 
 HELP = """Compare the shadow upstream (serve.shadow_upstream) with the primary over the shadowed requests of
 the last --since: match rate of the outputs (exact for greedy requests, else a normalised token edit
@@ -93,13 +94,6 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if body["reasons"] else 0
 
 
-def _duration(text: str) -> str:
-    try:
-        parse_duration_ms(text, "--since")
-    except RuleFileError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `shadow` command group."""
@@ -109,7 +103,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                  description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sidecar", metavar="URL", help="The sidecar's base URL (its ring of recent requests).")
     parser.add_argument("--dir", metavar="ARCHIVE", help="The request-log archive.")
-    parser.add_argument("--since", default="1h", type=_duration, metavar="DURATION",
+    parser.add_argument("--since", default="1h", type=duration_arg, metavar="DURATION",
                         help="How far back (15m, 2h; default 1h).")
     defaults = Thresholds()
     parser.add_argument("--min-match-rate", type=float, default=defaults.min_match_rate, metavar="RATIO",
