@@ -11,6 +11,7 @@ answer) are capped with a warning.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,8 +62,13 @@ async def max_model_len(session: aiohttp.ClientSession, url: str, model: str) ->
     return None
 
 
+_PROBE_ORDERS = itertools.count()
+"""Each counting probe's word order: every probe's text differs (the same words, so the same count), so a
+calibration's probes are never identical requests, which a sidecar would count as fast retries."""
+
+
 def _content(words: int, chat: bool) -> dict[str, Any]:
-    text = prompt_text(words, 0)
+    text = prompt_text(words, next(_PROBE_ORDERS))
     return {"messages": [{"role": "user", "content": text}]} if chat else {"prompt": text}
 
 

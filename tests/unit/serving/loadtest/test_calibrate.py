@@ -98,3 +98,16 @@ class TestCalibrate:
         async with aiohttp.ClientSession() as session:
             with pytest.raises(LoadTestError, match="no room"):
                 await calibrate(session, url, "m", [8], chat=False, max_tokens=16, say=lambda _: None)
+
+    async def test_no_two_probes_are_the_same_request(self, aiohttp_server: Servers) -> None:
+        """Two calibrations of the same length (two checklist lines, say) send no body twice: a sidecar would count
+        the second as a client's fast retry. The probes still hold the same words, so they count alike."""
+        fake = FakeOpenAI(count_prompt_words=True, tokenize=False, model_name="m")
+        url = await _url(aiohttp_server, fake)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):
+                found = await calibrate(session, url, "m", [40], chat=False, max_tokens=8, say=lambda _: None)
+                assert found.lengths[0].tokens == 40
+        prompts = [r["body"]["prompt"] for r in fake.requests]
+        assert len(prompts) >= 4
+        assert len(set(prompts)) == len(prompts)
