@@ -12,10 +12,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram
 
 from exporters.catalog import genai as cat
+from exporters.catalog.engines import AUTO
 from exporters.catalog.spec import MetricSpec
 from exporters.records import Outcome, RequestRecord
 
-PROVIDER = "vllm"
+DEFAULT_PROVIDER = "vllm"
+"""``gen_ai.provider.name`` while ``serve.engine = auto`` has not recognized the engine: vLLM, the default."""
+
+
+def provider_name(engine: str) -> str:
+    """``gen_ai.provider.name`` for ``serve.engine``: the engine, or :data:`DEFAULT_PROVIDER` for ``auto``."""
+    return DEFAULT_PROVIDER if engine == AUTO else engine
 OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
@@ -39,11 +46,13 @@ def _histogram(spec: MetricSpec, registry: CollectorRegistry) -> Histogram:
 class GenAiServerMetrics:
     """The three ``gen_ai.server.*`` histograms on a registry, for the upstream at ``address:port``."""
 
-    def __init__(self, registry: CollectorRegistry, address: str, port: int) -> None:
+    def __init__(self, registry: CollectorRegistry, address: str, port: int, provider: str = DEFAULT_PROVIDER) -> None:
         self.duration = _histogram(cat.SERVER_REQUEST_DURATION, registry)
         self.ttft = _histogram(cat.SERVER_TIME_TO_FIRST_TOKEN, registry)
         self.tpot = _histogram(cat.SERVER_TIME_PER_OUTPUT_TOKEN, registry)
         self._server = (address, str(port))
+        self.provider = provider
+        """``gen_ai.provider.name``: the engine behind the sidecar once known (serving/engine_detect.py)."""
         self._error_types: set[str] = set()
 
     def _error_type(self, record: RequestRecord) -> str:
@@ -60,7 +69,7 @@ class GenAiServerMetrics:
         if operation is None or record.e2e_s is None:
             return
         known = record.model not in ("other", "unknown")
-        labels = (operation, PROVIDER, record.model, (record.response_model or "") if known else "", *self._server)
+        labels = (operation, self.provider, record.model, (record.response_model or "") if known else "", *self._server)
         error = self._error_type(record) if record.outcome.is_error else ""
         self.duration.labels(*labels, error).observe(record.e2e_s)
         if record.outcome is not Outcome.OK or not record.stream or record.ttft_s is None:

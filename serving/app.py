@@ -21,7 +21,7 @@ from exporters.catalog.engines import Engine
 from exporters.catalog.request import GENERATION_ROUTES
 from exporters.cold_start import ColdStartTracker
 from exporters.fast_retries import FastRetryCounter
-from exporters.genai_metrics import GenAiServerMetrics
+from exporters.genai_metrics import GenAiServerMetrics, provider_name
 from exporters.inflight import InFlightRequests, InFlightTokens
 from exporters.records import Outcome, RequestRecord
 from exporters.request_metrics import RequestMetrics
@@ -78,6 +78,7 @@ METRICS = web.AppKey("request_metrics", RequestMetrics)
 READINESS = web.AppKey("readiness", Readiness)
 OBSERVERS = web.AppKey("observers", list)
 PROXY = web.AppKey("proxy", Proxy)
+GENAI = web.AppKey("genai_metrics", GenAiServerMetrics)
 SINK = web.AppKey("record_sink", RecordSink)
 SHIPPER = web.AppKey("record_shipper", RecordShipper)
 COLD_STARTS = web.AppKey("cold_starts", ColdStartTracker)
@@ -160,7 +161,8 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     observers: list[Observer] = [observe_cutover, observe_metrics, observe_logs, observe_health, observe_cold_start,
                                  observe_for_explain]
     if settings.serve.genai_metrics:
-        genai = GenAiServerMetrics(registry, *upstream_address(settings.serve.upstream))
+        genai = app[GENAI] = GenAiServerMetrics(registry, *upstream_address(settings.serve.upstream),
+                                                provider=provider_name(settings.serve.engine))
 
         def observe_genai(record: RequestRecord, _span: Span) -> None:
             genai.observe(record)
@@ -206,7 +208,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     readiness = Readiness(settings.serve.upstream, settings.serve.readiness_path, session,
                           on_result=readiness_probed, details=cold_starts.details)
     detector = EngineDetector(settings.serve.engine, settings.serve.upstream,
-                              on_known=partial(_engine_known, settings, readiness))
+                              on_known=partial(_engine_known, settings, readiness, app))
     app[READINESS] = readiness
     app[PROXY] = proxy
 
@@ -274,8 +276,13 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     return app
 
 
-def _engine_known(settings: Settings, readiness: Readiness, engine: Engine) -> None:
-    """Once the engine is known: Ollama's readiness is its root endpoint (no /health), unless one was configured."""
+def _engine_known(settings: Settings, readiness: Readiness, app: web.Application, engine: Engine) -> None:
+    """Once the engine is known: it is the requests' ``gen_ai.provider.name``; Ollama's readiness is its root
+    endpoint (no /health), unless one was configured."""
+    if PROXY in app:  # a configured engine is known before the proxy is registered: the proxy took it from config
+        app[PROXY].provider_name = str(engine)
+    if GENAI in app:
+        app[GENAI].provider = str(engine)
     if engine == Engine.OLLAMA and settings.serve.readiness_path == DEFAULT_READINESS_PATH:
         readiness.url = settings.serve.upstream.rstrip("/") + "/"
 

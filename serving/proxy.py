@@ -19,7 +19,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from exporters.catalog.request import GENERATION_ROUTES, OLLAMA_ROUTES, ROUTES
 from exporters.engine_phases import of_answer, ollama_outcome
 from exporters.engine_stats_wire import EngineRequestStats
-from exporters.genai_metrics import operation_name
+from exporters.genai_metrics import operation_name, provider_name
 from exporters.inflight import InFlightRequests, InFlightTokens, PromptSizeEstimator
 from exporters.records import AnswerPhases, Outcome, RequestRecord, length_bucket_labels, outcome_of_status
 from serving.admission import Admission, Refusal
@@ -212,6 +212,8 @@ class Proxy:
         self._capture_prompt_hash = capture_prompt_hash
         self._on_normalized = on_normalized
         self._upstream = config.upstream.rstrip("/")
+        self.provider_name = provider_name(config.engine)
+        """The spans' ``gen_ai.provider.name``: the engine behind the sidecar, set again once it is recognized."""
         self.upstream_pool = UpstreamPool(self._upstream, config.connect_timeout_s)
         """The request path's connections to the upstream (serving/upstream_http.py)."""
         self.choice = UpstreamChoice(config, self.upstream_pool, self._prompt_sizes, shadow)
@@ -280,7 +282,7 @@ class Proxy:
         if outgoing.payload is not None and span.is_recording():  # OpenTelemetry's GenAI conventions, request side
             span.set_attributes({
                 "gen_ai.operation.name": operation_name(record.route) or "text_completion",
-                "gen_ai.provider.name": "vllm", "gen_ai.request.model": outgoing.model or "",
+                "gen_ai.provider.name": self.provider_name, "gen_ai.request.model": outgoing.model or "",
             })
         tokenizing = None
         if outgoing.payload is not None and self._live_usage and outgoing.model:

@@ -78,6 +78,9 @@ def ollama_sidecar(ollama: RunningServer, otlp_receiver: OtlpReceiver,
         "--scrape-interval-s", "1", "--rules-evaluation-interval-s", "1", "--tracing-otlp-endpoint",
         otlp_receiver.endpoint, "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
         "--logs-success-sample-ratio", "1"]))
+    deadline = time.monotonic() + 20
+    while not sample_sum(_metrics(sidecar), ce.UPSTREAM_ENGINE.name, engine="ollama") and time.monotonic() < deadline:
+        time.sleep(0.1)  # auto has recognized Ollama before the first request, whose span then names it
     yield sidecar
     sidecar.stop()
 
@@ -113,6 +116,7 @@ def test_native_streams_and_answers_carry_ollamas_own_account_to_the_trace(
         assert record["engine_decode_ms"] == round(final["eval_duration"] / 1e6, 1)
         span = otlp_receiver.wait_for(lambda s, t=trace_id: s.trace_id == t and s.service == "inferwatch")[0]
         assert span.attributes["inferwatch.engine.total_ms"] == round(final["total_duration"] / 1e6, 1)
+        assert span.attributes["gen_ai.provider.name"] == "ollama"  # the engine auto recognized, not vLLM
     assert explanation_cause(base, streamed[0]) == "cold_start"
     text = _metrics(ollama_sidecar)
     load = sample_sum(text, ce.REQUEST_ENGINE_LOAD_SECONDS.sum, model_name=MODEL)
