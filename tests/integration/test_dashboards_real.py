@@ -158,19 +158,34 @@ def built_rules(tmp_path: Path, rules_config: RulesConfig) -> Path:
     return root
 
 
+RETIRED_MODEL = "tiny-llm-old"
+
+
 @pytest.fixture
-def fake_nvml_sidecar(vllm_server: servers.VllmServer, tmp_path: Path) -> Iterator[servers.SidecarServer]:
+def fake_nvml_sidecar(
+    vllm_server: servers.VllmServer, second_vllm_server: servers.VllmServer, tmp_path: Path,
+) -> Iterator[servers.SidecarServer]:
     """``inferwatch serve`` in front of the real vLLM, with two fake GPUs, a log archive and vLLM's per-request
-    numbers from its stat-logger plugin (the plugin's second address)."""
+    numbers from its stat-logger plugin (the plugin's second address); half the requests copied to the second
+    vLLM as a shadow, one copy out at a time (so some are dropped: the release-day row has every series), and
+    one request for a retired model sent before Prometheus starts (the wrong-model panel has its series, and
+    the request panels, counted from the test's start, do not count it)."""
     args = [
         "--scrape-interval-s", "1", "--gpu-interval-s", "1", "--upstream-process-interval-s", "1",
         "--upstream-process-pid", str(vllm_server.pid), "--rules-evaluation-interval-s", "1",
         "--logs-dir", str(tmp_path / "logs"), "--logs-frame-max-ms", "500", "--logs-success-sample-ratio", "0.5",
         "--serve-engine-stats-listen", engine_stats_address(vllm_server, 1),
+        "--serve-shadow-upstream", second_vllm_server.base_url, "--serve-shadow-ratio", "0.5",
+        "--serve-shadow-max-inflight", "1", "--serve-retired-models", json.dumps([RETIRED_MODEL]),
     ]
     sidecar = require(
         lambda: servers.start_sidecar(vllm_server.base_url, tmp_path, args, module="tests.harness.sidecar_fake_nvml")
     )
+    retired = urllib.request.Request(f"{sidecar.base_url}/v1/completions", json.dumps(
+        {"model": RETIRED_MODEL, "prompt": "hello", "max_tokens": 1}).encode(), {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(retired, timeout=30)
+    assert answer.value.code == 404  # vLLM does not serve it
     yield sidecar
     sidecar.stop()
 
