@@ -427,7 +427,8 @@ class Evaluator:
     # aggregation
 
     def aggregate(self, node: Aggregate, t: int) -> Vector:
-        param = self.scalar(node.param, t) if node.param is not None else 0.0
+        # count_values' parameter is a label name (a string), the others' a scalar
+        param = self.scalar(node.param, t) if node.param is not None and node.op != "count_values" else 0.0
         vec = self.vector(node.expr, t)
         op = node.op
         keys, key_of = self.group_keys(node)  # series repeat every evaluation: keys are remembered
