@@ -113,12 +113,13 @@ class GeneratedSource:
     name: str = "generated"
 
     def plan(self, index: int) -> RequestPlan:
-        """A prompt of a length drawn for ``index``, its words shuffled for ``index``."""
+        """A prompt of a length drawn for ``index``, its words shuffled for ``index`` and the seed (two runs with other
+        seeds send no identical request, which a sidecar would count as a client's fast retry)."""
         if len(self.lengths) == 1:
             length = self.lengths[0]
         else:
             length = random.Random(self.seed * 1_000_003 + index).choices(self.lengths, self.weights)[0]  # noqa: S311 - seeded prompt lengths, not a secret
-        text = prompt_text(length.words, index)
+        text = prompt_text(length.words, self.seed * 1_000_003 + index)
         messages = [{"role": "user", "content": text}] if self.chat else None
         return RequestPlan(None if self.chat else text, messages, self.max_tokens, None, length.label, length.tokens)
 

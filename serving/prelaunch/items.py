@@ -7,6 +7,7 @@ check by hand. Items run in the order of :data:`ORDER`; the ones that restart or
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -81,10 +82,15 @@ class PrelaunchSpec:
         return self.metrics_url or base_url(self.url) + "/metrics"
 
     def load(self, **changes: Any) -> LoadSpec:
-        """The base load spec of an item."""
+        """The base load spec of an item, with a seed of its own: one line's prompts never repeat another's, so the
+        checklist's own traffic is no client's fast retry (the fast-retry line counts those)."""
         spec = LoadSpec(url=self.url, model=self.model, requests=self.mix_requests, concurrency=self.concurrency,
-                        max_tokens=self.max_tokens, ignore_eos=True, timeout_s=120.0)
+                        max_tokens=self.max_tokens, ignore_eos=True, timeout_s=120.0, seed=next(_LOAD_SEEDS))
         return replace(spec, **changes)
+
+
+_LOAD_SEEDS = itertools.count(1)
+"""Each item's load seed (seed 0 is the plain load test's)."""
 
 
 @dataclass(slots=True)

@@ -72,6 +72,14 @@ class TestMix:
         assert drawn == [random.Random(3 * 1_000_003 + i).choices(labels, weights)[0] for i in range(4000)]
         assert Counter(drawn) == {"10": 2854, "20": 776, "30": 370}
 
+    def test_another_seed_sends_other_prompts_of_the_same_words(self) -> None:
+        """Two runs with other seeds (two prelaunch lines) never send the same prompt, yet the same words."""
+        length = (Length(40, 40, 40, "40"),)
+        first = [GeneratedSource(length, (1.0,), max_tokens=4, seed=1).plan(i).prompt for i in range(50)]
+        second = [GeneratedSource(length, (1.0,), max_tokens=4, seed=2).plan(i).prompt for i in range(50)]
+        assert not set(first) & set(second)
+        assert {tuple(sorted(str(p).split())) for p in first + second} == {tuple(sorted(str(first[0]).split()))}
+
     def test_chat_plans_carry_messages(self) -> None:
         """A chat source sends the prompt as one user message to the chat endpoint."""
         plan = GeneratedSource((Length(5, 5),), (1.0,), max_tokens=3, chat=True).plan(0)

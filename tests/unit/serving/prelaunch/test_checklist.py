@@ -11,6 +11,7 @@ from aiohttp import web
 
 from serving.prelaunch import baseline, checklist
 from serving.prelaunch.checklist import Item
+from serving.prelaunch.items import PrelaunchSpec
 from serving.prelaunch.jitter import JitterProxy
 
 
@@ -80,3 +81,11 @@ async def test_the_jitter_proxy_delays_each_request_within_its_bounds() -> None:
         assert all(0.05 <= d <= 0.15 for d in proxy.delays_s)
     finally:
         await runner.cleanup()
+
+
+def test_each_lines_load_has_a_seed_of_its_own() -> None:
+    """Every line's load gets its own seed, so no line repeats another's requests (a fast retry of its own)."""
+    spec = PrelaunchSpec(url="http://127.0.0.1:1", model="m")
+    seeds = [spec.load().seed for _ in range(5)]
+    assert len(set(seeds)) == 5
+    assert 0 not in seeds
