@@ -6,6 +6,10 @@ with AVX2 and FMA, as Go does), ``Log2``, ``Log10``, and the pure-Go (Cephes) ``
 ``Asin``, ``Acos``, ``Atan``, ``Atan2``, ``Sinh``, ``Cosh``, ``Tanh``, ``Asinh``, ``Acosh``, ``Atanh``,
 ``Log1p`` and ``Pow``. Go folds constant expressions
 such as ``4 / Pi`` exactly before rounding them once; those are written out rounded the same way.
+
+The algorithms and coefficients are Go's (``src/math``, Copyright The Go Authors, BSD-style license; the
+trigonometric ones after Stephen L. Moshier's Cephes library, as Go credits), translated to Python so that
+the embedded evaluator's answers equal Prometheus's; Go's license terms apply to them.
 """
 
 from __future__ import annotations
