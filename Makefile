@@ -41,6 +41,7 @@ setup: venv servers vllm-venv
 
 # The unit tests mostly wait on sockets and timers, so they run in 4 workers (pytest-xdist); the
 # integration tests share real servers started once per session, so they run in one process.
+# The integration half lists its 15 slowest steps: the suite's budget is 15 minutes on a fresh machine.
 # Both halves always run; the target fails if either failed. Exit 5 (nothing selected, e.g. a
 # PYTEST_ARGS='-k ...' that matches tests of one half only) is not a failure.
 UNIT_WORKERS ?= 4
@@ -48,7 +49,7 @@ UNIT_WORKERS ?= 4
 test: setup
 	@unit=0; integration=0; \
 	$(PY) -m pytest -q -ra -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS) || unit=$$?; \
-	$(PY) -m pytest -q -ra tests/integration $(PYTEST_ARGS) || integration=$$?; \
+	$(PY) -m pytest -q -ra --durations=15 tests/integration $(PYTEST_ARGS) || integration=$$?; \
 	for rc in $$unit $$integration; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done
 
 test-unit: venv
