@@ -17,7 +17,7 @@ import orjson
 
 from exporters.engine_phases import from_ollama, ollama_outcome
 from serving.errors import upstream_error_type
-from serving.sse import StreamStats
+from serving.sse import StreamReader
 
 CONTENT_TYPE = "application/x-ndjson"
 
@@ -27,14 +27,13 @@ def error_line(message: str, kind: str, trace_id: str) -> bytes:
     return orjson.dumps({"error": message, "type": kind, "trace_id": trace_id}) + b"\n"
 
 
-class NdjsonReader:
+class NdjsonReader(StreamReader):
     """Splits a byte stream into lines, measures them and decides what to forward."""
 
-    __slots__ = ("_buffer", "_max_line_bytes", "_trace_id", "stats")
+    __slots__ = ("_max_line_bytes", "_trace_id")
 
     def __init__(self, *, max_line_bytes: int | None = None, trace_id: str | None = None) -> None:
-        self.stats = StreamStats()
-        self._buffer = b""
+        super().__init__()
         self._max_line_bytes = max_line_bytes
         self._trace_id = trace_id
 
@@ -99,20 +98,6 @@ class NdjsonReader:
             return orjson.dumps(obj) + b"\n"
         return orjson.dumps({**obj, "type": stats.error_type, "trace_id": self._trace_id}) + b"\n"
 
-    def flush(self) -> bytes:
-        """Return whatever incomplete line is left at the end of the stream, unchanged."""
-        rest, self._buffer = self._buffer, b""
-        return rest
-
-    @property
-    def broken(self) -> bool:
-        """The stream cannot be forwarded further: :attr:`StreamStats.problem` says why."""
-        return self.stats.problem is not None
-
-    @property
-    def pending(self) -> int:
-        """Bytes of an unterminated line held back, waiting for its end."""
-        return len(self._buffer)
 
 
 def _has_content(obj: dict[str, Any]) -> bool:

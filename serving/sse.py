@@ -81,13 +81,39 @@ class StreamStats:
         return (self.content_ns[0] - start_ns) / 1e9 if self.content_ns else None
 
 
-class SseReader:
-    """Splits a byte stream into SSE events, measures them and decides what to forward."""
+class StreamReader:
+    """What the SSE and NDJSON readers share: the stream's measures and the bytes of an unfinished event or line
+    held back until its end. The relay (serving/stream_relay.py) asks any reader the same three things."""
 
     # Slots: a paced stream's chunk finds the reader cold in the caches; its fields in the object itself
     # are one memory read fewer than in a separate values array.
-    __slots__ = ("_buffer", "_max_event_bytes", "_on_usage", "_strip_usage_chunk", "_strip_usage_field",
-                 "_template", "_template_tries", "_trace_id", "stats")
+    __slots__ = ("_buffer", "stats")
+
+    def __init__(self) -> None:
+        self.stats = StreamStats()
+        self._buffer = b""
+
+    def flush(self) -> bytes:
+        """Return whatever incomplete event or line is left at the end of the stream, unchanged."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    @property
+    def broken(self) -> bool:
+        """The stream cannot be forwarded further: :attr:`StreamStats.problem` says why."""
+        return self.stats.problem is not None
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unterminated event or line held back, waiting for its end."""
+        return len(self._buffer)
+
+
+class SseReader(StreamReader):
+    """Splits a byte stream into SSE events, measures them and decides what to forward."""
+
+    __slots__ = ("_max_event_bytes", "_on_usage", "_strip_usage_chunk", "_strip_usage_field",
+                 "_template", "_template_tries", "_trace_id")
 
     def __init__(
         self,
@@ -98,8 +124,7 @@ class SseReader:
         max_event_bytes: int | None = None,
         trace_id: str | None = None,
     ) -> None:
-        self.stats = StreamStats()
-        self._buffer = b""
+        super().__init__()
         self._strip_usage_chunk = strip_usage_chunk
         self._strip_usage_field = strip_usage_field
         self._on_usage = on_usage
@@ -258,21 +283,6 @@ class SseReader:
             self.stats.problem = "upstream_event_too_large"
             self._buffer = b""
             complete.clear()
-
-    def flush(self) -> bytes:
-        """Return whatever incomplete event is left at the end of the stream, unchanged."""
-        rest, self._buffer = self._buffer, b""
-        return rest
-
-    @property
-    def broken(self) -> bool:
-        """The stream cannot be forwarded further: :attr:`StreamStats.problem` says why."""
-        return self.stats.problem is not None
-
-    @property
-    def pending(self) -> int:
-        """Bytes of an unterminated event held back, waiting for its end."""
-        return len(self._buffer)
 
     def _feed_general(self, buffer: bytes, now_ns: int) -> bytes:
         """Slow path for streams that use CRLF line ends."""
