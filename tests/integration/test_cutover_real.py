@@ -14,10 +14,9 @@ import hashlib
 import io
 import json
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,11 @@ from tests.fakes.faulty_upstream import ThreadedServer
 from tests.fakes.switching_gateway import SwitchingGateway
 from tests.harness import servers
 from tests.harness.otlp_receiver import OtlpReceiver
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.real_server
 
 MODEL = "tiny-llm"
-DEADLINE_S = 60.0
 USER_AGENT = "billing-batch/1.4 (stale cache)"
 EMOJI_20 = "\U0001f600\U0001f603\U0001f604\U0001f601\U0001f606\U0001f605\U0001f923\U0001f602\U0001f642\U0001f643" * 2
 CJK = "\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059\u3002"
@@ -113,15 +112,6 @@ def _metric(base_url: str, name: str, **labels: str) -> list[tuple[dict[str, str
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
 
 
-def _wait_for(check: Callable[[], bool], what: str, state: Callable[[], object]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {DEADLINE_S:g} s waiting for {what}; state: {state()}")
-
-
 def _complete(base_url: str, model: str, prompt: str) -> tuple[int, dict[str, Any], str]:
     """POST a non-streamed completion; (status, JSON answer, trace id)."""
     request = urllib.request.Request(
@@ -179,7 +169,7 @@ def _record(logs: Path, trace_id: str) -> dict[str, Any]:
         found[:] = list(Archive(logs).find(trace_id))
         return bool(found)
 
-    _wait_for(archived, f"the record of {trace_id}", lambda: [s.path for s in Archive(logs).segments()])
+    wait_for(archived, f"the record of {trace_id}", lambda: [s.path for s in Archive(logs).segments()])
     return found[0]
 
 
@@ -243,9 +233,9 @@ def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
         return [s["fingerprint"] for s, _ in _metric(sidecar.base_url, "inferwatch_upstream_tokenizer_info",
                                                      model_name=MODEL)]
 
-    _wait_for(lambda: fingerprints() == [first], "the first fingerprint", fingerprints)
+    wait_for(lambda: fingerprints() == [first], "the first fingerprint", fingerprints)
     gateway.switch(second_vllm_server.base_url, not_ready_probes=2)
-    _wait_for(lambda: fingerprints() == [second], "the second fingerprint", fingerprints)
+    wait_for(lambda: fingerprints() == [second], "the second fingerprint", fingerprints)
     assert [v for _, v in _metric(sidecar.base_url, "inferwatch_upstream_tokenizer_changes_total",
                                   model_name=MODEL)] == [1.0]
 
@@ -253,7 +243,7 @@ def test_a_tokenizer_changed_under_the_same_name_fires_the_alert(
         return sorted(f"{a['labels']['alertname']}: {a['state']}" for a in
                       _get(f"{sidecar.base_url}/admin/alerts").get("alerts", []))
 
-    _wait_for(lambda: "InferwatchTokenizerChanged: firing" in alerts(), "the tokenizer alert", alerts)
+    wait_for(lambda: "InferwatchTokenizerChanged: firing" in alerts(), "the tokenizer alert", alerts)
     trace_id = _complete(sidecar.base_url, MODEL, "after the switch")[2]
     assert _record(logs, trace_id)["tokenizer_fingerprint"] == second
     assert _span_attributes(otlp_receiver, trace_id)["inferwatch.tokenizer.fingerprint"] == second

@@ -11,26 +11,25 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import vllm as cv
 from log_pipeline.query import Archive
 from tests.conftest import engine_stats_address, require
 from tests.harness import servers
+from tests.harness.exposition import sample_sum
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.real_server
 
 MODEL = "tiny-llm"
-DEADLINE_S = 60.0
 LONG_PROMPT = "a long prompt for the long lane " * 20  # 640 characters: 160 tokens by the first estimate
 SHORT_PROMPT = "hi"
 GREEDY_PROMPTS = ("the quick brown fox", "once upon a time", "hello world", "one two three", "good morning",
@@ -66,23 +65,12 @@ def _get(url: str) -> Any:
 def _metric(base_url: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` on a /metrics whose labels include ``labels``."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return sample_sum(response.read().decode(), name, **labels)
 
 
 def _finished(server: servers.VllmServer) -> float:
     """vLLM's own count of finished requests (every finish reason)."""
     return _metric(server.base_url, cv.REQUEST_SUCCESS.series)
-
-
-def _wait_for(check: Callable[[], bool], what: str, state: Callable[[], object]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {DEADLINE_S:g} s waiting for {what}; state: {state()}")
 
 
 def _record(logs: Path, trace_id: str) -> dict[str, Any]:
@@ -92,7 +80,7 @@ def _record(logs: Path, trace_id: str) -> dict[str, Any]:
         found[:] = list(Archive(logs).find(trace_id))
         return bool(found)
 
-    _wait_for(archived, f"the record of {trace_id}", lambda: [s.path for s in Archive(logs).segments()])
+    wait_for(archived, f"the record of {trace_id}", lambda: [s.path for s in Archive(logs).segments()])
     return found[0]
 
 
@@ -133,7 +121,7 @@ def test_long_prompts_reach_the_long_lane_and_short_ones_never(
     answers = [_post(sidecar.base_url, {"prompt": prompt, "max_tokens": 4})
                for prompt in (LONG_PROMPT, SHORT_PROMPT) * 3]
     assert [status for status, _, _ in answers] == [200] * 6
-    _wait_for(lambda: _finished(second_vllm_server) - second_before == 3, "the second server's count",
+    wait_for(lambda: _finished(second_vllm_server) - second_before == 3, "the second server's count",
               lambda: _finished(second_vllm_server) - second_before)
     assert _finished(vllm_server) - first_before == 3
 
@@ -141,7 +129,7 @@ def test_long_prompts_reach_the_long_lane_and_short_ones_never(
         return {lane: _metric(sidecar.base_url, "inferwatch_requests_total", lane=lane, outcome="ok")
                 for lane in ("long", "default")}
 
-    _wait_for(lambda: by_lane() == {"long": 3, "default": 3}, "three requests in each lane", by_lane)
+    wait_for(lambda: by_lane() == {"long": 3, "default": 3}, "three requests in each lane", by_lane)
     record = _record(logs, answers[0][2])
     assert (record["lane"], record["upstream"]) == ("long", second_vllm_server.base_url)
     assert record["prompt_tokens"] == answers[0][1]["usage"]["prompt_tokens"]
@@ -149,7 +137,7 @@ def test_long_prompts_reach_the_long_lane_and_short_ones_never(
               for _, answer, trace in answers]
     print(f"estimate / usage of the six prompts (the first tiny model's tokenizer): {ratios}")
     name = "inferwatch_prompt_estimate_to_usage_ratio"
-    _wait_for(lambda: _metric(sidecar.base_url, f"{name}_count") == 6, "six estimates",
+    wait_for(lambda: _metric(sidecar.base_url, f"{name}_count") == 6, "six estimates",
               lambda: _metric(sidecar.base_url, f"{name}_count"))
     assert _metric(sidecar.base_url, f"{name}_sum") == pytest.approx(sum(ratios), rel=1e-6)
 
@@ -165,7 +153,7 @@ def test_long_prompts_go_to_the_main_upstream_while_the_lane_is_down(
         before = _finished(vllm_server)
         status, _answer, trace = _post(sidecar.base_url, {"prompt": LONG_PROMPT, "max_tokens": 2})
         assert status == 200
-        _wait_for(lambda: _finished(vllm_server) - before == 1, "the first server's count",
+        wait_for(lambda: _finished(vllm_server) - before == 1, "the first server's count",
                   lambda: _finished(vllm_server) - before)
         record = _record(tmp_path / "logs", trace)
         assert record["lane"] == "default"
@@ -192,10 +180,10 @@ def test_high_priority_requests_queue_less_in_a_full_batch(
 
     with ThreadPoolExecutor(10) as pool:
         blockers = [pool.submit(send, -1, 300) for _ in range(2)]
-        _wait_for(lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_RUNNING.series) == 2,
+        wait_for(lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_RUNNING.series) == 2,
                   "a full batch", lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_RUNNING.series))
         low = [pool.submit(send, -1, 8) for _ in range(4)]
-        _wait_for(lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_WAITING.series) >= 4,
+        wait_for(lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_WAITING.series) >= 4,
                   "the low ones queued", lambda: _metric(second_vllm_server.base_url, cv.NUM_REQUESTS_WAITING.series))
         high = [pool.submit(send, 1, 8) for _ in range(4)]
         traces = {"low": [f.result() for f in low], "high": [f.result() for f in high]}
@@ -229,7 +217,7 @@ def test_shadow_mismatches_are_the_two_servers_own_differences(
         def compared() -> float:
             return _metric(sidecar.base_url, "inferwatch_shadow_requests_total")
 
-        _wait_for(lambda: compared() == 2 * len(GREEDY_PROMPTS), "every comparison", compared)
+        wait_for(lambda: compared() == 2 * len(GREEDY_PROMPTS), "every comparison", compared)
         assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="mismatch") == 2 * differ
         assert _metric(sidecar.base_url, "inferwatch_shadow_requests_total", result="match") == 2 * (6 - differ)
         record = _record(tmp_path / "logs", answers[0][2])
@@ -288,7 +276,7 @@ def test_canary_alerts_fire_on_a_failing_canary_and_not_on_a_failing_primary(
             def firing(sidecar: servers.SidecarServer = sidecar, fire: tuple[str, ...] = fire) -> bool:
                 return all(f"{name}: firing" in _alerts(sidecar) for name in fire)
 
-            _wait_for(firing, " and ".join(fire), lambda sidecar=sidecar: _alerts(sidecar))
+            wait_for(firing, " and ".join(fire), lambda sidecar=sidecar: _alerts(sidecar))
             stop.set()
             if quiet is not None:
                 assert not [a for a in _alerts(sidecar) if a.startswith(quiet)]
