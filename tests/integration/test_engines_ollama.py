@@ -34,6 +34,7 @@ from tests.conftest import require
 from tests.harness import servers
 from tests.harness.exposition import sample_sum
 from tests.harness.otlp_receiver import OtlpReceiver
+from tests.harness.waiting import wait_for
 
 pytestmark = pytest.mark.real_server
 MODEL = "tinyllama:latest"
@@ -78,9 +79,9 @@ def ollama_sidecar(ollama: RunningServer, otlp_receiver: OtlpReceiver,
         "--scrape-interval-s", "1", "--rules-evaluation-interval-s", "1", "--tracing-otlp-endpoint",
         otlp_receiver.endpoint, "--logs-dir", str(work / "logs"), "--logs-frame-max-ms", "200",
         "--logs-success-sample-ratio", "1"]))
-    deadline = time.monotonic() + 20
-    while not sample_sum(_metrics(sidecar), ce.UPSTREAM_ENGINE.name, engine="ollama") and time.monotonic() < deadline:
-        time.sleep(0.1)  # auto has recognized Ollama before the first request, whose span then names it
+    # auto has recognized Ollama before the first request, whose span then names it
+    wait_for(lambda: bool(sample_sum(_metrics(sidecar), ce.UPSTREAM_ENGINE.name, engine="ollama")),
+             "the engine recognized as Ollama", lambda: _metrics(sidecar)[-2000:], 20.0, 0.1)
     yield sidecar
     sidecar.stop()
 
@@ -130,12 +131,14 @@ def explanation_cause(base: str, trace_id: str) -> str:
 
 def _archived(sidecar: servers.SidecarServer, trace_id: str) -> dict[str, Any]:
     logs = Path(sidecar.process.log_path).parent / "logs"
-    for _ in range(100):
-        found = list(Archive(logs).find(trace_id))
-        if found:
-            return found[-1]
-        time.sleep(0.1)
-    raise AssertionError(f"{trace_id} never reached the archive")
+    found: list[dict[str, Any]] = []
+
+    def archived() -> bool:
+        found[:] = Archive(logs).find(trace_id)
+        return bool(found)
+
+    wait_for(archived, f"the record of {trace_id}", lambda: [s.path for s in Archive(logs).segments()], 30.0, 0.1)
+    return found[-1]
 
 
 def test_ollamas_openai_api_is_measured_from_its_usage_chunk(ollama_sidecar: servers.SidecarServer) -> None:
@@ -157,11 +160,13 @@ def test_engine_models_and_readiness_come_from_ollamas_own_endpoints(
     tags = _get(f"{ollama.base_url}/api/tags")["models"]
     labels = {"model_name": MODEL}
     text = ""
-    for _ in range(50):  # the poll runs every scrape.interval_s
+
+    def polled() -> bool:  # the poll runs every scrape.interval_s
+        nonlocal text
         text = _metrics(ollama_sidecar)
-        if sample_sum(text, ce.OLLAMA_LOADED_VRAM_BYTES.name, **labels) == ps[MODEL]["size_vram"]:
-            break
-        time.sleep(0.2)
+        return bool(sample_sum(text, ce.OLLAMA_LOADED_VRAM_BYTES.name, **labels) == ps[MODEL]["size_vram"])
+
+    wait_for(polled, "Ollama's loaded model in the gauges", lambda: text[-2000:], 30.0, 0.2)
     assert sample_sum(text, ce.OLLAMA_LOADED_BYTES.name, **labels) == ps[MODEL]["size"]
     assert sample_sum(text, ce.OLLAMA_MODELS.name) == len(tags)
     assert sample_sum(text, ce.UPSTREAM_ENGINE.name, engine="ollama", detected_by="endpoint") == 1
