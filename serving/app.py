@@ -41,6 +41,7 @@ from serving.engine_stats import ENGINE_STATS, EngineStatsJoin, engine_stats_ctx
 from serving.engine_watch import ENGINE_WATCH, engine_watch_ctx
 from serving.exchange import aiohttp_handler
 from serving.explain import ContextSources, RequestRing, add_explain_routes, with_slowest_request
+from serving.extra_upstreams import EXTRA_METRICS_PATH, ExtraUpstreams, extra_targets
 from serving.front import Front
 from serving.ollama_watch import ollama_watch_ctx
 from serving.otlp_logs import otlp_shipper
@@ -218,6 +219,9 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         cutover.readiness(url, ok)  # the long lane's, the canary's and the shadow's tokenizers too
 
     app.cleanup_ctx.append(_upstream_readiness(app, proxy, extra_upstream_probed))
+    extras = ExtraUpstreams(extra_targets(proxy.choice), settings.scrape, session,
+                            readiness_lost=lambda url: proxy.choice.ready.get(url) is False)
+    app.cleanup_ctx.append(extras.ctx())  # after the probes: a first probe that failed makes the first scrape stale
     app.cleanup_ctx.append(_record_sink)
     if engine_stats is not None:  # after the sink: at shutdown, requests still waiting are finished into it
         app.cleanup_ctx.append(engine_stats_ctx(engine_stats, settings.serve.engine_stats_listen))
@@ -245,6 +249,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
     app.on_cleanup.append(lambda _app: cutover.close())
 
     app.router.add_get("/metrics", metrics_handler(registry))
+    app.router.add_get(EXTRA_METRICS_PATH, extras.handle)  # the long lane's, canary's and shadow's engines
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readiness.handle)
     admin = admin_app(admin_token, proxy)

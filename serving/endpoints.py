@@ -26,11 +26,13 @@ _KINDS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_
 
 def error_response(
     request: web.BaseRequest, status: int, message: str, kind: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None, fields: dict[str, Any] | None = None,
 ) -> web.Response:
-    """The sidecar's own JSON error answer to a request outside the proxy, with its trace id."""
+    """The sidecar's own JSON error answer to a request outside the proxy, with its trace id (and ``fields``
+    beside the message)."""
     trace_id = request_trace_id(request.headers.get("traceparent"))
-    body = error_body(message, kind or _KINDS.get(status, "invalid_request_error"), status, trace_id=trace_id)
+    body = error_body(message, kind or _KINDS.get(status, "invalid_request_error"), status, trace_id=trace_id,
+                      **(fields or {}))
     return web.Response(body=body, status=status, content_type="application/json",
                         headers={TRACE_HEADER: trace_id, "Cache-Control": "no-store", **(headers or {})})
 

@@ -58,7 +58,7 @@ RECORDS_PATH = "/_inferwatch/worker/records"
 """Where secondaries post their records; answered on the primary's Unix socket only."""
 GC_YOUNG_THRESHOLD = 20_000
 """Net allocations of container objects between two collections of the youngest generation."""
-FORWARDED_PATHS = ("/metrics", "/readyz")
+FORWARDED_PATHS = ("/metrics", "/metrics/upstream", "/readyz")
 """A secondary's own endpoints that the primary answers (with ``/admin/*``)."""
 FLUSH_INTERVAL_S = 0.1
 IDLE_INTERVAL_S = 1.0
