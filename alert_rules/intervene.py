@@ -508,8 +508,14 @@ def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]
     )]
 
 
+def context_32k_bucket(edges: tuple[int, ...]) -> str:
+    """The length class InferwatchContext32kFailures watches: the one a 32,000-token prompt lands in (the SLO
+    board's 32k panel draws the same class)."""
+    return length_bucket(CONTEXT_32K_TOKENS, edges)
+
+
 def _context_32k_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
-    bucket = length_bucket(CONTEXT_32K_TOKENS, edges)
+    bucket = context_32k_bucket(edges)
     firing = _class_failures(c, edges, bucket, above(c.context_32k_error_ratio))
     quiet = _class_failures(c, edges, bucket, c.context_32k_error_ratio / 2)
     return Scenario(step_for(c.long_context_window_s), firing, quiet, step_for(c.long_context_window_s),
@@ -519,7 +525,7 @@ def _context_32k_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, .
 def context_32k(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]:
     """Failure ratio of the class holding 32,000-token prompts, with its own threshold (the launch guide's
     "watch the failure rate of 32k requests on its own")."""
-    bucket = length_bucket(CONTEXT_32K_TOKENS, edges)
+    bucket = context_32k_bucket(edges)
     w = config.long_context_window_s
     return [AlertRule(
         name="InferwatchContext32kFailures",
@@ -960,4 +966,4 @@ def rule_groups(config: RulesConfig, edges: tuple[int, ...], extra: tuple[Builde
     return (RuleGroup("inferwatch-intervene", alerts, config.evaluation_interval_s, file="intervene"),)
 
 
-__all__ = ["BUILDERS", "Builder", "rule_groups"]
+__all__ = ["BUILDERS", "Builder", "context_32k_bucket", "rule_groups"]

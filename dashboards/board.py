@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from grafanalib import core
 
 from dashboards.config import DashboardConfig
-from dashboards.panels import DATASOURCE, Row, Spec, layout
+from dashboards.panels import DATASOURCE, Item, Spec, layout
 from exporters.catalog import gpu, request, vllm
 from exporters.catalog import prometheus as external
 
@@ -52,11 +52,11 @@ def _refers(text: str, name: str) -> bool:
     return re.search(rf"\$\{{?{name}\b", text) is not None
 
 
-def _used(name: str, items: Sequence[Spec | Row]) -> bool:
+def _used(name: str, items: Sequence[Item]) -> bool:
     return any(_refers(q.expr, name) for item in items if isinstance(item, Spec) for q in item.queries)
 
 
-def templating(items: Sequence[Spec | Row]) -> core.Templating:
+def templating(items: Sequence[Item]) -> core.Templating:
     """The datasource variable, the variables the board's queries use, and those their queries use."""
     every = variables()
     names = {"datasource"} | {t.name for t in every if _used(t.name, items)}
@@ -80,7 +80,7 @@ def alert_annotations() -> core.Annotations:
 
 
 def dashboard(config: DashboardConfig, key: str, title: str, description: str,
-              items: Sequence[Spec | Row]) -> core.Dashboard:
+              items: Sequence[Item]) -> core.Dashboard:
     """A board with the house settings: stable uid ``<prefix>-<key>``, tags, links to its siblings."""
     links = [core.DashboardLink(
         title="inferwatch", type="dashboards", tags=list(config.tags[:1]), asDropdown=True,

@@ -15,9 +15,11 @@ import yaml
 from grafanalib._gen import DashboardEncoder
 
 from alert_rules.config import RulesConfig
+from dashboards import explain
 from dashboards.boards import BOARDS
 from dashboards.config import DashboardConfig
 from exporters.files import write_atomic
+from exporters.records import DEFAULT_LENGTH_EDGES
 
 SCHEMA_VERSION = 39
 """The dashboard model the panels are written for (Grafana 10.4–11)."""
@@ -56,11 +58,12 @@ def render(board: Any) -> dict[str, Any]:
     return result
 
 
-def dashboards(config: DashboardConfig, rules: RulesConfig) -> dict[str, dict[str, Any]]:
-    """File name -> dashboard JSON, for every board."""
+def dashboards(config: DashboardConfig, rules: RulesConfig,
+               length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard JSON, for every board (``length_edges``: serve.length_bucket_edges)."""
     out = {}
     for module in BOARDS.values():
-        data = render(module.build(config, rules))
+        data = render(module.build(config, rules, length_edges))
         out[f"{data['uid']}.json"] = data
     return out
 
@@ -69,12 +72,24 @@ def explain_link(config: DashboardConfig) -> list[dict[str, str]]:
     """The exemplar destination that opens the sidecar's explanation of the request (none without a base URL)."""
     if not config.explain_base_url:
         return []
-    url = config.explain_base_url.rstrip("/") + "/admin/requests/${__value.raw}"
-    return [{"name": config.exemplar_label, "url": url, "urlDisplayLabel": "Explain this request"}]
+    return [{"name": config.exemplar_label, "url": explain.request_url(config),
+             "urlDisplayLabel": "Explain this request"}]
+
+
+def sidecar_datasource(config: DashboardConfig) -> list[dict[str, Any]]:
+    """The Infinity data source the slowest-requests table reads the sidecar's ``/admin/requests`` through, allowed
+    to reach the explain base URL only (none without a base URL)."""
+    if not config.explain_base_url:
+        return []
+    return [{
+        "name": "inferwatch sidecar", "type": explain.INFINITY_TYPE, "uid": explain.INFINITY_UID, "access": "proxy",
+        "editable": False, "jsonData": {"allowedHosts": [explain.base_url(config)]},
+    }]
 
 
 def datasources(config: DashboardConfig) -> dict[str, Any]:
-    """Grafana datasource provisioning: Prometheus with exemplar links into the trace datasource."""
+    """Grafana datasource provisioning: Prometheus with exemplar links into the trace datasource, the trace
+    datasource, and with an explain base URL the Infinity datasource of the slowest-requests table."""
     prometheus = {
         "name": config.datasource_name, "type": "prometheus", "uid": config.datasource_uid, "access": "proxy",
         "url": config.prometheus_url, "isDefault": True, "editable": False,
@@ -90,7 +105,7 @@ def datasources(config: DashboardConfig) -> dict[str, Any]:
         "name": config.trace_backend.capitalize(), "type": config.trace_backend,
         "uid": config.trace_datasource_uid, "access": "proxy", "url": config.trace_url, "editable": False,
     }
-    return {"apiVersion": 1, "datasources": [prometheus, traces]}
+    return {"apiVersion": 1, "datasources": [prometheus, traces, *sidecar_datasource(config)]}
 
 
 def provider(config: DashboardConfig) -> dict[str, Any]:
@@ -102,11 +117,12 @@ def provider(config: DashboardConfig) -> dict[str, Any]:
     }]}
 
 
-def files(config: DashboardConfig, rules: RulesConfig) -> dict[str, str]:
+def files(config: DashboardConfig, rules: RulesConfig,
+          length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> dict[str, str]:
     """Relative path -> file text of everything ``dashboards build`` writes."""
     out = {
         f"dashboards/{name}": json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-        for name, data in dashboards(config, rules).items()
+        for name, data in dashboards(config, rules, length_edges).items()
     }
     out["provisioning/datasources/inferwatch.yaml"] = yaml.safe_dump(
         datasources(config), sort_keys=True, default_flow_style=False)
@@ -115,15 +131,17 @@ def files(config: DashboardConfig, rules: RulesConfig) -> dict[str, str]:
     return out
 
 
-def write(out_dir: str | Path, config: DashboardConfig, rules: RulesConfig) -> list[Path]:
+def write(out_dir: str | Path, config: DashboardConfig, rules: RulesConfig,
+          length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> list[Path]:
     """Write every file under ``out_dir`` (each atomically) and return their paths."""
     root = Path(out_dir)
     written = []
-    for rel, text in files(config, rules).items():
+    for rel, text in files(config, rules, length_edges).items():
         path = root / rel
         write_atomic(path, text)
         written.append(path)
     return written
 
 
-__all__ = ["SCHEMA_VERSION", "dashboards", "datasources", "files", "provider", "render", "write"]
+__all__ = ["SCHEMA_VERSION", "dashboards", "datasources", "files", "provider", "render", "sidecar_datasource",
+           "write"]

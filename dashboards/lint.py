@@ -10,7 +10,10 @@ Rules (names as in dashboard-linter where one exists; shared/reference/dashboard
   gpu): the variable uses ``$datasource``, is a multi-select query with "All" and an ``allValue``.
 * ``template-variable-defined-rule``: every ``$variable`` a target or a variable query uses is defined on
   the board (or is one of Grafana's globals).
-* ``panel-datasource-rule``: panels and targets read ``$datasource``/``${datasource}``.
+* ``panel-datasource-rule``: panels and targets read ``$datasource``/``${datasource}``, or all read the
+  provisioned Infinity data source (the slowest-requests table).
+* ``infinity-target-rule``: an Infinity target GETs a JSON URL as a table with named columns, and one column of
+  its panel is a data link (dashboards/explain.py).
 * ``panel-title-description-rule``, ``panel-units-rule``, ``panel-no-targets-rule``.
 * ``target-promql-rule``: every expression parses after Grafana variables are expanded.
 * ``target-rate-interval-rule``: a range directly inside ``rate``/``irate`` is ``$__rate_interval``.
@@ -38,6 +41,7 @@ from typing import Any
 
 import promql_parser
 
+from dashboards import explain
 from dashboards.queries import VARIABLE_LABELS, filter_labels
 from exporters.catalog import ALL_SPECS, MetricSpec, MetricType
 
@@ -212,6 +216,25 @@ def _datasource_ok(ds: Any) -> bool:
     return uid in ("$datasource", "${datasource}")
 
 
+def _is_infinity(panel: dict[str, Any]) -> bool:
+    return panel.get("datasource") == explain.DATASOURCE
+
+
+def _lint_infinity(panel: dict[str, Any], finding: Any) -> None:
+    for target in panel.get("targets") or []:
+        if target.get("datasource") != explain.DATASOURCE:
+            finding("panel-datasource-rule", f"target datasource must be {explain.DATASOURCE}")
+        shape = (target.get("type"), target.get("source"), target.get("format"),
+                 (target.get("url_options") or {}).get("method"))
+        if shape != ("json", "url", "table", "GET") or not target.get("url"):
+            finding("infinity-target-rule", f"target must GET a JSON url as a table, not {shape}")
+        if not target.get("columns") or not all(c.get("selector") and c.get("text") for c in target["columns"]):
+            finding("infinity-target-rule", "target must name its columns (selector and text)")
+    overrides = panel.get("fieldConfig", {}).get("overrides", [])
+    if not any(prop.get("id") == "links" and prop.get("value") for o in overrides for prop in o.get("properties", [])):
+        finding("infinity-target-rule", "one column must be a data link")
+
+
 def _lint_templates(data: dict[str, Any], finding: Any) -> None:
     templates = data.get("templating", {}).get("list", [])
     sources = [t for t in templates if t.get("type") == "datasource"]
@@ -324,7 +347,9 @@ def lint(data: dict[str, Any]) -> list[Finding]:
         panel_title = str(panel.get("title", ""))
         if not panel_title.strip() or not str(panel.get("description", "")).strip():
             finding("panel-title-description-rule", "needs a title and a description")
-        if not _datasource_ok(panel.get("datasource")):
+        if _is_infinity(panel):
+            _lint_infinity(panel, finding)
+        elif not _datasource_ok(panel.get("datasource")):
             finding("panel-datasource-rule", "panel datasource must be $datasource")
         unit = _unit(panel)
         if not panel.get("fieldConfig", {}).get("defaults", {}).get("mappings") and unit not in UNITS:
@@ -335,7 +360,7 @@ def lint(data: dict[str, Any]) -> list[Finding]:
         refs = [t.get("refId") for t in targets]
         if len(refs) != len(set(refs)) or None in refs:
             finding("structure-rule", "target refIds must be present and unique")
-        for target in targets:
+        for target in [] if _is_infinity(panel) else targets:
             if target.get("datasource") is not None and not _datasource_ok(target["datasource"]):
                 finding("panel-datasource-rule", "target datasource must be $datasource")
             _check_expr(str(target.get("expr", "")), finding)

@@ -1,16 +1,18 @@
 """House defaults for panels, and the small grafanalib subclasses for what grafanalib 0.7.1 lacks.
 
-grafanalib emits Grafana's old dashboard model; three things it cannot say are added here:
+grafanalib emits Grafana's old dashboard model; four things it cannot say are added here:
 
 * :class:`PromTarget`: a Prometheus query with ``exemplar`` (grafanalib #683), ``range``/``instant``
   and ``intervalFactor`` 1, without the legacy ``query``/``metric``/``target``/``step`` keys.
 * :class:`ModernHeatmap`: the Grafana 9+ heatmap (``options.calculate: false`` over pre-bucketed
   ``le`` series, the unit on the y axis) instead of grafanalib's Angular-era heatmap.
+* :class:`InfinityTable`: a table read from a JSON endpoint through the Infinity data source, one column a
+  data link (the slowest requests, each opening its explanation).
 * threshold steps as plain dicts with a JSON ``null`` base value (grafanalib writes the string
   ``"null"``).
 
-Every panel reads from the templated datasource ``${datasource}``; every panel has a unit and a
-description. A :class:`Grid` places panels left to right on Grafana's 24-column grid.
+Every panel but the request table reads from the templated datasource ``${datasource}``; every panel has a unit
+and a description. A :class:`Grid` places panels left to right on Grafana's 24-column grid.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import attr
 from grafanalib import core
 
+from dashboards import explain
 from dashboards.queries import Query
 from exporters.catalog.engines import families_in, missing_note
 
@@ -80,6 +83,40 @@ class ModernHeatmap(core.Panel):
             },
         })
         return data
+
+
+@attr.s
+class InfinityTable(core.Panel):
+    """A table of the rows a JSON endpoint answers, read through the Infinity data source (one GET, the backend
+    parser), with one column a data link."""
+
+    url: str = attr.ib(default="", validator=attr.validators.instance_of(str))
+    root: str = attr.ib(default="", validator=attr.validators.instance_of(str))
+    columns: tuple[explain.Column, ...] = attr.ib(default=())
+    link_column: str = attr.ib(default="", validator=attr.validators.instance_of(str))
+    link_url: str = attr.ib(default="", validator=attr.validators.instance_of(str))
+
+    def to_json_data(self) -> dict[str, Any]:
+        """The panel in the table model, its target in Infinity's query model."""
+        target = {
+            "datasource": self.dataSource, "refId": "A", "type": "json", "source": "url", "parser": "backend",
+            "format": "table", "url": self.url, "url_options": {"method": "GET", "data": ""},
+            "root_selector": self.root, "filters": [],
+            "columns": [{"selector": c.selector, "text": c.title, "type": c.type} for c in self.columns],
+        }
+        link = {"title": "Explain this request", "url": self.link_url, "targetBlank": True}
+        overrides = [_by_name(c.title, {"id": "unit", "value": c.unit}) for c in self.columns if c.unit]
+        overrides.append(_by_name(self.link_column, {"id": "links", "value": [link]}))
+        data: dict[str, Any] = self.panel_json({
+            "type": "table", "targets": [target],
+            "fieldConfig": {"defaults": {"unit": "none"}, "overrides": overrides},
+            "options": {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}},
+        })
+        return data
+
+
+def _by_name(field_name: str, *properties: dict[str, Any]) -> dict[str, Any]:
+    return {"matcher": {"id": "byName", "options": field_name}, "properties": list(properties)}
 
 
 def steps(*levels: tuple[str, float | None]) -> list[dict[str, Any]]:
@@ -154,11 +191,41 @@ class Row:
     title: str
 
 
+@dataclass(frozen=True, slots=True)
+class RequestTable:
+    """The sidecar's slowest requests (``/admin/requests`` through the Infinity data source), each trace id a link
+    to its explanation."""
+
+    title: str
+    description: str
+    url: str
+    link_url: str
+    width: int = COLUMNS
+
+
+def slowest_requests(title: str, description: str, url: str, link_url: str) -> RequestTable:
+    """A full-width table of the slowest requests at ``url``, each trace id linking to ``link_url``."""
+    return RequestTable(title, description, url, link_url)
+
+
+Item = Spec | Row | RequestTable
+"""What a board lists: panels, row headers and request tables."""
+
+
 def described(spec: Spec) -> str:
     """The panel's description, and the engines on which it stays empty (exporters/catalog/engines.py): a panel
     is never silently empty."""
     note = missing_note(set().union(*(families_in(q.expr) for q in spec.queries)))
     return f"{spec.description} {note}" if note else spec.description
+
+
+def _request_table(table: RequestTable, grid_pos: core.GridPos) -> core.Panel:
+    # the fields inherited from grafanalib's Panel are invisible to mypy (grafanalib is untyped)
+    return InfinityTable(  # type: ignore[call-arg]
+        title=table.title, description=table.description, dataSource=explain.DATASOURCE, gridPos=grid_pos,
+        editable=False, url=table.url, root="requests", columns=explain.COLUMNS,
+        link_column=explain.LINK_COLUMN.title, link_url=table.link_url,
+    )
 
 
 def _panel(spec: Spec, grid_pos: core.GridPos) -> core.Panel:
@@ -196,7 +263,7 @@ class Grid:
     line_height: int = 0
     panels: list[core.Panel] = field(default_factory=list)
 
-    def add(self, item: Spec | Row) -> None:
+    def add(self, item: Item) -> None:
         """Place one row header or panel."""
         if isinstance(item, Row):
             self._newline()
@@ -207,7 +274,8 @@ class Grid:
             raise ValueError(f"panel {item.title!r} is wider than {COLUMNS} columns")
         if self.x + item.width > COLUMNS:
             self._newline()
-        self.panels.append(_panel(item, core.GridPos(h=self.height, w=item.width, x=self.x, y=self.y)))
+        grid_pos = core.GridPos(h=self.height, w=item.width, x=self.x, y=self.y)
+        self.panels.append(_panel(item, grid_pos) if isinstance(item, Spec) else _request_table(item, grid_pos))
         self.x += item.width
         self.line_height = self.height
 
@@ -217,7 +285,7 @@ class Grid:
         self.line_height = 0
 
 
-def layout(items: Sequence[Spec | Row], height: int) -> list[core.Panel]:
+def layout(items: Sequence[Item], height: int) -> list[core.Panel]:
     """grafanalib panels with grid positions, in order."""
     grid = Grid(height=height)
     for item in items:
@@ -226,6 +294,6 @@ def layout(items: Sequence[Spec | Row], height: int) -> list[core.Panel]:
 
 
 __all__ = [
-    "DATASOURCE", "Grid", "ModernHeatmap", "PromTarget", "Row", "Spec", "heatmap", "layout", "stat", "steps",
-    "table", "targets", "timeseries",
+    "DATASOURCE", "Grid", "InfinityTable", "Item", "ModernHeatmap", "PromTarget", "RequestTable", "Row", "Spec",
+    "heatmap", "layout", "slowest_requests", "stat", "steps", "table", "targets", "timeseries",
 ]

@@ -24,6 +24,7 @@ from alert_rules.windows import windows_used
 from exporters.catalog import cutover, engine, gpu, pipeline, process, request, rules, upstreams, vllm
 from exporters.catalog import prometheus as external
 from exporters.catalog.spec import MetricSpec, Source
+from exporters.records import Outcome
 
 RATE = "$__rate_interval"
 RANGE = "$__range"
@@ -188,6 +189,23 @@ def latency_by_length() -> list[Query]:
 def failures_by_length() -> Query:
     """Failure ratio per prompt length bucket."""
     return error_ratio("length_bucket")
+
+
+def class_failures(length_bucket: str) -> list[Query]:
+    """One length class on its own, per model: the share of its requests that failed (the outcomes the error
+    ratio and the alerts count) and the share the upstream or the sidecar refused as the client's error (such
+    as a prompt over the model's context; never counted by the alerts)."""
+    every = by("model_name", rate(request.REQUESTS, f'length_bucket="{length_bucket}"'))
+    out = []
+    for outcomes, legend in ((error_outcome_regex(), "failed"), (str(Outcome.CLIENT_ERROR), "refused")):
+        part = by("model_name", rate(request.REQUESTS, f'length_bucket="{length_bucket}"', f'outcome=~"{outcomes}"'))
+        out.append(Query(f"({part} or ({every} * 0)) / {every}", f"{legend} {{{{model_name}}}}"))
+    return out
+
+
+def fast_retries() -> Query:
+    """Fast retries per second, per model."""
+    return Query(by("model_name", rate(request.FAST_RETRIES)), "{{model_name}}")
 
 
 def tokens_per_second() -> list[Query]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -266,9 +266,23 @@ def with_slowest_request(ring: RequestRing) -> Callable[[Notification], Notifica
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
+def _since_seconds(query: Mapping[str, str], now_unix: float) -> float:
+    """How far back ``?slowest`` looks: ``since`` (a duration, 15m by default), or ``from`` (epoch milliseconds,
+    what Grafana's ``${__from}`` gives a board's slowest-requests table: its time range's start)."""
+    if "from" not in query:
+        return parse_duration_ms(query.get("since", "15m"), "since") / 1000.0
+    if "since" in query:
+        raise ValueError("give since (a duration) or from (epoch milliseconds), not both")
+    try:
+        from_s = int(query["from"]) / 1000.0
+    except ValueError:
+        raise ValueError(f"from={query['from']!r} is not epoch milliseconds (a whole number)") from None
+    return max(0.0, now_unix - from_s)
+
+
 def add_explain_routes(admin: web.Application, ring: RequestRing, sources: ContextSources) -> None:
-    """``GET /admin/requests/{trace_id}`` and ``GET /admin/requests?slowest=N&since=D[&model=M]`` on the
-    admin sub-application (its access rule applies)."""
+    """``GET /admin/requests/{trace_id}`` and ``GET /admin/requests?slowest=N&since=D[&model=M]`` (or
+    ``from=EPOCH_MS`` instead of ``since``) on the admin sub-application (its access rule applies)."""
 
     async def one(request: web.Request) -> web.Response:
         trace_id = request.match_info["trace_id"].lower()
@@ -286,14 +300,15 @@ def add_explain_routes(admin: web.Application, ring: RequestRing, sources: Conte
             return error_response(request, 400, f"slowest={query.get('slowest')!r} is not a whole number")
         if not 1 <= n <= SLOWEST_MAX:
             return error_response(request, 400, f"slowest must be between 1 and {SLOWEST_MAX}")
+        now = time.time()
         try:
-            since_ms = parse_duration_ms(query.get("since", "15m"), "since")
-        except RuleFileError as err:
+            since_s = _since_seconds(query, now)
+        except (RuleFileError, ValueError) as err:
             return error_response(request, 400, str(err))
-        found = ring.slowest(n, time.time() - since_ms / 1000.0, query.get("model"))
+        found = ring.slowest(n, now - since_s, query.get("model"))
         # a row needs the causes, not the comparison with the peers
         rows = [slowest_row(explain_record(record, sources)) for record in found]
-        return web.json_response({"ring_size": len(ring), "since_s": since_ms / 1000.0, "requests": rows},
+        return web.json_response({"ring_size": len(ring), "since_s": since_s, "requests": rows},
                                  headers=_NO_STORE)
 
     admin.router.add_get("/requests", slowest)

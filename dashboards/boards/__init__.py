@@ -1,4 +1,5 @@
-"""The boards, one module each, each with ``build(config, rules_config)``."""
+"""The boards, one module each, each with ``build(config, rules_config, length_edges)`` (the length edges are
+serve.length_bucket_edges, which the length-class panels select by)."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ def items(config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
     ]
 
 
-def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+def build(config: DashboardConfig, rules: RulesConfig, _length_edges: tuple[int, ...]) -> core.Dashboard:
     """The engine and KV cache board."""
     return dashboard(config, "engine", TITLE, "vLLM scheduler, preemption, KV cache, prefix cache, prefill and "
                      "decode, batch shape and readiness, from vLLM's /metrics and the sidecar.", items(config, rules))

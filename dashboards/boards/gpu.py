@@ -59,7 +59,7 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
     ]
 
 
-def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+def build(config: DashboardConfig, rules: RulesConfig, _length_edges: tuple[int, ...]) -> core.Dashboard:
     """The GPU board."""
     return dashboard(config, "gpu", TITLE, "GPU memory, utilisation, power, energy efficiency, temperature, clocks, "
                      "throttling and errors from the sidecar's NVML exporter.", items(rules))

@@ -54,7 +54,7 @@ def items(config: DashboardConfig, _rules: RulesConfig) -> list[Spec | Row]:
     ]
 
 
-def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+def build(config: DashboardConfig, rules: RulesConfig, _length_edges: tuple[int, ...]) -> core.Dashboard:
     """The observability pipeline board."""
     return dashboard(config, "pipeline", TITLE, "Health of inferwatch itself: request logs, scraping, rule "
                      "evaluation and notifications.", items(config, rules))

@@ -5,17 +5,47 @@ from __future__ import annotations
 from grafanalib import core
 
 from alert_rules.config import RulesConfig
+from alert_rules.intervene import context_32k_bucket
+from alert_rules.spec import duration
 from alert_rules.windows import WINDOW_PAIRS
+from dashboards import explain
 from dashboards import queries as q
 from dashboards.board import dashboard
 from dashboards.config import DashboardConfig
-from dashboards.panels import Row, Spec, stat, table, timeseries
+from dashboards.panels import Item, Row, slowest_requests, stat, table, timeseries
 from exporters.catalog import request
 
 TITLE = "LLM serving — SLOs and traffic"
 
 
-def items(rules: RulesConfig) -> list[Spec | Row]:
+def _slowest(config: DashboardConfig) -> list[Item]:
+    """The slowest-requests table, where the boards know the sidecar's address (dashboards.explain_base_url)."""
+    if not config.explain_base_url:
+        return []
+    return [slowest_requests(
+        "Slowest requests", f"The {explain.SLOWEST_ROWS} slowest requests of the board's time range that the sidecar "
+        "still holds (its ring of recent requests, serve.explain_ring_size), slowest first, each with its top cause "
+        "and a one-line reason (inferwatch explain --slowest). Click a trace id for the whole explanation: the "
+        "request's time split into its phases, the engine's state at that moment, its peers' p50. Read by Grafana "
+        "from BASE/admin/requests (dashboards.explain_base_url; the /admin access rule applies).",
+        explain.slowest_url(config), explain.request_url(config))]
+
+
+def _context_32k(rules: RulesConfig, length_edges: tuple[int, ...]) -> Item:
+    """The class the 32k alert watches, drawn with that alert's class and threshold."""
+    bucket = context_32k_bucket(length_edges)
+    return timeseries(
+        f"32k class ({bucket}): failed and refused", f"The length class a 32,000-token prompt lands in ({bucket}, "
+        "from serve.length_bucket_edges) on its own, per model: the share of its requests that failed (upstream "
+        "errors, timeouts, overloaded: what InferwatchContext32kFailures counts, over "
+        f"{duration(rules.long_context_window_s)}; the dashed line is its threshold, rules.context_32k_error_ratio) "
+        "and the share refused as the client's error (mostly prompts over the model's context; no alert counts "
+        "them). Long prompts are the first to hit OOM, preemption and timeouts, and the overall error ratio "
+        "averages them away.", "percentunit", q.class_failures(bucket), width=8,
+        thresholds=[("green", None), ("red", rules.context_32k_error_ratio)], lines=True, min_value=0)
+
+
+def items(config: DashboardConfig, rules: RulesConfig, length_edges: tuple[int, ...]) -> list[Item]:
     """The board's rows and panels, in order."""
     objective = rules.slo_objective
     factors = sorted({float(p.factor(rules.slo_period_days)) for p in WINDOW_PAIRS})
@@ -49,6 +79,13 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
         timeseries("Requests in flight", "Requests being proxied right now, per model.", "short", q.in_flight()),
         timeseries("Finish reasons", "Finished choices per second by finish_reason, as the sidecar saw them.",
                    "reqps", q.finish_reasons()),
+        timeseries("Fast retries", "Requests per second that repeat a request of the same client (serve.client_header, "
+                   "else its User-Agent, and tenant) to the same route with the same body less than "
+                   "serve.fast_retry_window_ms after it ended, per model: retries without backoff. They add load to "
+                   "an engine that is already slow or failing; a burst of them beside a rising error ratio is a "
+                   "retry storm. The request records' client field names who sends them: have those clients back "
+                   "off at least 500 ms, doubling, with jitter, and honour Retry-After; shed load meanwhile.",
+                   "reqps", q.fast_retries()),
         Row("By instance (find the bad replica)"),
         timeseries("Requests by instance", "Requests per second through each replica's sidecar (Prometheus' "
                    "instance label), per model.", "reqps", q.requests_by_instance(), width=6),
@@ -78,12 +115,14 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
                    q.request_tokens()),
         timeseries("Prefill share per request", "Median share of a streamed request's time spent before its first "
                    "token.", "percentunit", q.prefill_share_per_request()),
+        *_slowest(config),
         Row("By prompt length"),
         timeseries("Latency by length bucket", "p90 end-to-end latency per prompt length bucket.", "s",
-                   q.latency_by_length(), width=12),
+                   q.latency_by_length(), width=8),
         timeseries("Failure ratio by length bucket", "Share of requests that failed, per prompt length bucket.",
-                   "percentunit", q.failures_by_length(), width=12,
+                   "percentunit", q.failures_by_length(), width=8,
                    thresholds=[("green", None), ("red", rules.long_context_error_ratio)], lines=True),
+        _context_32k(rules, length_edges),
         Row("Release day: wrong models, tokenizers, text classes"),
         timeseries("Failure ratio by text class", "Share of generation requests that failed, per text class of their "
                    "prompt (plain; emoji_dense: more emoji than serve.emoji_dense_threshold; cjk) and model; the "
@@ -126,7 +165,7 @@ def items(rules: RulesConfig) -> list[Spec | Row]:
     ]
 
 
-def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+def build(config: DashboardConfig, rules: RulesConfig, length_edges: tuple[int, ...]) -> core.Dashboard:
     """The SLO and traffic board."""
     return dashboard(config, "slo", TITLE, "SLO compliance, burn rates, traffic, errors, latency and goodput of "
-                     "the LLM service, from the inferwatch sidecar.", items(rules))
+                     "the LLM service, from the inferwatch sidecar.", items(config, rules, length_edges))

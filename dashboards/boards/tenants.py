@@ -51,7 +51,7 @@ def items(_config: DashboardConfig, rules: RulesConfig) -> list[Spec | Row]:
     ]
 
 
-def build(config: DashboardConfig, rules: RulesConfig) -> core.Dashboard:
+def build(config: DashboardConfig, rules: RulesConfig, _length_edges: tuple[int, ...]) -> core.Dashboard:
     """The Tenants board."""
     return dashboard(config, "tenants", TITLE, "Usage and cost by tenant and cost pool, the cost share, savings "
                      "and each tenant's SLO budget.", items(config, rules))

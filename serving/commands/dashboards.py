@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Write dashboard JSON and Grafana provisioning files.",
         description="Write the four dashboards (DIR/dashboards/*.json) and Grafana provisioning files "
         "(DIR/provisioning/dashboards, DIR/provisioning/datasources: Prometheus with exemplar links, "
-        "and the trace datasource). Thresholds come from the [rules] section.",
+        "and the trace datasource). Thresholds come from the [rules] section, the length classes from "
+        "serve.length_bucket_edges.",
     )
     build.add_argument("--out", metavar="DIR", required=True, help="directory to write into (created if missing)")
     add_config_flags(build)
@@ -30,7 +31,7 @@ def run_build(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     try:
-        paths = write(args.out, settings.dashboards, settings.rules)
+        paths = write(args.out, settings.dashboards, settings.rules, tuple(settings.serve.length_bucket_edges))
     except OSError as err:
         print(f"inferwatch dashboards build: cannot write to {args.out}: {err}", file=sys.stderr)
         return 1

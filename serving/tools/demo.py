@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings()
         write_all(settings, out)
-        write_dashboards(out / "grafana", settings.dashboards, settings.rules)
+        write_dashboards(out / "grafana", settings.dashboards, settings.rules,
+                         tuple(settings.serve.length_bucket_edges))
         _say(f"built the alert rules, Alertmanager config, runbooks and Grafana dashboards in {out}")
         vllm = None
         engine_stats: list[str] = []

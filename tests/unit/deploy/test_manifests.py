@@ -87,7 +87,8 @@ def test_generated_rule_objects_are_current(settings: Settings) -> None:
 def test_generated_dashboards_are_current(settings: Settings) -> None:
     """dashboards/*.json are, byte for byte, the boards ``dashboards build`` writes from inferwatch.toml."""
     built = {rel.removeprefix("dashboards/"): text for rel, text in
-             dashboard_files(settings.dashboards, settings.rules).items() if rel.startswith("dashboards/")}
+             dashboard_files(settings.dashboards, settings.rules, tuple(settings.serve.length_bucket_edges)).items()
+             if rel.startswith("dashboards/")}
     found = {p.name: p.read_text() for p in (K8S / "dashboards").glob("*.json")}
     assert found == built, REBUILD
 

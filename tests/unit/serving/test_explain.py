@@ -189,7 +189,22 @@ async def test_slowest_lists_by_e2e_with_a_reason_each(setup: Setup) -> None:
     assert failed["causes"][0]["cause"] == "upstream_error"
 
 
-@pytest.mark.parametrize("query", ["slowest=x", "slowest=0", "since=yesterday"])
+async def test_slowest_from_a_boards_start_looks_back_to_it(setup: Setup) -> None:
+    """from=EPOCH_MS (Grafana's ${__from}, the SLO board's slowest-requests table) looks back to that moment: the
+    rows of the matching since; a start after the requests finds none."""
+    await setup.request(_trace(1))
+    await setup.request(_trace(2), stream=False)
+    five_minutes_ago = round((time.time() - 300) * 1000)
+    by_from = await (await setup.client.get("/admin/requests", params={"slowest": 5, "from": five_minutes_ago})).json()
+    by_since = await (await setup.client.get("/admin/requests", params={"slowest": 5, "since": "5m"})).json()
+    assert [r["trace_id"] for r in by_from["requests"]] == [r["trace_id"] for r in by_since["requests"]]
+    assert len(by_from["requests"]) == 2
+    assert by_from["since_s"] == pytest.approx(300, abs=5)
+    later = round((time.time() + 60) * 1000)
+    assert (await (await setup.client.get(f"/admin/requests?from={later}")).json())["requests"] == []
+
+
+@pytest.mark.parametrize("query", ["slowest=x", "slowest=0", "since=yesterday", "from=yesterday", "from=1&since=5m"])
 async def test_slowest_refuses_bad_parameters(setup: Setup, query: str) -> None:
     """A malformed count or duration is a 400 naming it, in the sidecar's error shape with a trace id."""
     response = await setup.client.get(f"/admin/requests?{query}")
