@@ -45,9 +45,15 @@ class FastRetryCounter:
     def __init__(self, registry: CollectorRegistry, window_s: float) -> None:
         self._retries = FastRetries(window_s)
         self._count = Counter(FAST_RETRIES.name, FAST_RETRIES.help, FAST_RETRIES.labels, registry=registry)
+        self._models: set[str] = set()
+        """Models whose series exists (bounded as the proxy bounds model labels)."""
 
     def observe(self, record: RequestRecord) -> None:
-        """Count the request when it is a fast retry."""
+        """Count the request when it is a fast retry. A model's series is created at 0 by its first request, so that
+        Prometheus has a 0 before the first retry: a series that first appears at 1 has no increase to rate()."""
+        if record.model not in self._models:
+            self._models.add(record.model)
+            self._count.labels(record.model)
         if self._retries.is_fast_retry(record):
             self._count.labels(record.model).inc()
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from exporters.fast_retries import FastRetries
+from exporters.fast_retries import FastRetries, FastRetryCounter
 from exporters.records import RequestRecord
 
 
@@ -40,3 +41,18 @@ def test_memory_is_bounded_oldest_first() -> None:
         retries.is_fast_retry(_record(100.0, key=key))
     assert not retries.is_fast_retry(_record(100.3, key=1))
     assert retries.is_fast_retry(_record(100.3, key=3))
+
+
+def test_a_models_series_is_at_zero_from_its_first_request() -> None:
+    """The counter's series of a model exists at 0 once the model's first request ended, so the first fast retry
+    is an increase Prometheus can rate (a series first scraped at 1 shows none); the repeat then counts 1."""
+    registry = CollectorRegistry()
+    counter = FastRetryCounter(registry, 0.5)
+    first = _record(100.0)
+    first.model = "m"
+    counter.observe(first)
+    assert registry.get_sample_value("inferwatch_fast_retries_total", {"model_name": "m"}) == 0.0
+    repeat = _record(100.3)
+    repeat.model = "m"
+    counter.observe(repeat)
+    assert registry.get_sample_value("inferwatch_fast_retries_total", {"model_name": "m"}) == 1.0
