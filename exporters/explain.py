@@ -21,6 +21,7 @@ part, ``vllm_until_first_token``, marked ``split: false``; the rest of a stream 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ that is fewer, at least 2)."""
 STALL_MIN_MS = 1000.0
 STALL_RATIO = 10.0
 """A gap between tokens of at least STALL_MIN_MS and STALL_RATIO times the request's median gap is a stall."""
+STALLS_KEPT = 16
+"""How many of a stream's largest gaps its facts keep, with where each fell (``stalls``): the preemptions of one
+request each show as one of them."""
 
 GPU_THROTTLING = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 """The clock-event reasons that slow a GPU below what its work asks (not idle, application clocks, sync boost or
@@ -104,6 +108,11 @@ class RequestFacts:
     engine: EnginePhases | None = None
     refused: bool = False
     """The sidecar answered it itself (its admission, limits or checks): it never reached vLLM."""
+    content_chunks: int | None = None
+    """The content chunks of a stream the sidecar read (one token each, as vLLM streams them); None otherwise."""
+    stalls: tuple[tuple[float, int], ...] = ()
+    """A stream's largest gaps between content chunks, largest first (at most :data:`STALLS_KEPT`): each its ms and
+    the content chunks that had arrived before it."""
 
     @property
     def end_unix(self) -> float:
@@ -115,9 +124,17 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
+def _stalls(gaps: list[float]) -> tuple[tuple[float, int], ...]:
+    """The :data:`STALLS_KEPT` largest of ``gaps`` (seconds), largest first (the earlier of equal ones first), as
+    ``(ms, content chunks before it)``: gap ``i`` follows chunk ``i``, so ``i + 1`` chunks came before it."""
+    largest = heapq.nsmallest(STALLS_KEPT, range(len(gaps)), key=lambda i: (-gaps[i], i))
+    return tuple((gaps[i] * 1000.0, i + 1) for i in largest)
+
+
 def facts_from_record(record: RequestRecord) -> RequestFacts:
     """The facts of a request the proxy finished (the ring's entries)."""
     gaps = record.inter_token_s
+    chunks = (len(gaps) + 1 if gaps else int(record.ttft_s is not None)) if record.stream else None
     return RequestFacts(
         trace_id=record.trace_id, model=record.model, route=record.route, stream=record.stream,
         outcome=record.outcome.value, http_status=record.http_status, start_unix=record.start_unix,
@@ -128,7 +145,7 @@ def facts_from_record(record: RequestRecord) -> RequestFacts:
         largest_gap_ms=max(gaps) * 1000.0 if gaps else None,
         median_gap_ms=statistics.median(gaps) * 1000.0 if gaps else None,
         mean_gap_ms=_ms(record.mean_itl_s), error_type=record.error_type, error_message=record.error_message,
-        engine=_engine_phases(record), refused=record.refused,
+        engine=_engine_phases(record), refused=record.refused, content_chunks=chunks, stalls=_stalls(gaps),
     )
 
 
@@ -187,8 +204,10 @@ def facts_from_json(data: Mapping[str, Any]) -> RequestFacts:
     """
     try:
         engine = data.get("engine")
-        return RequestFacts(**{**data, "engine": None if engine is None else EnginePhases(**engine)})
-    except (TypeError, AttributeError) as err:
+        stalls = tuple((float(ms), int(before)) for ms, before in data.get("stalls") or ())
+        return RequestFacts(**{**data, "engine": None if engine is None else EnginePhases(**engine),
+                               "stalls": stalls})
+    except (TypeError, AttributeError, ValueError) as err:
         raise ValueError(f"not the facts of an explanation: {err}") from err
 
 
@@ -322,6 +341,29 @@ def _cause(name: str, ms: float, text: str, **evidence: Any) -> dict[str, Any]:
     return {"cause": name, "ms": round(ms, 1), "text": text, "evidence": evidence}
 
 
+def _recomputed(facts: RequestFacts, preemptions: int) -> dict[str, Any]:
+    """At most how many tokens vLLM recomputed for a request it preempted ``preemptions`` times (evidence of
+    ``preempted``; README, "Explain a request").
+
+    vLLM's engine V1 preempts by recomputation: it frees the request's KV blocks and, when it schedules the request
+    again, prefills its prompt and every token it had generated so far, less what its prefix cache still holds
+    (which no number per request tells). For a stream whose preemptions are its ``preemptions`` largest gaps, each
+    recomputed at most the prompt and the tokens before that gap: the completion tokens less one per content chunk
+    after it (exactly the chunks before it when each chunk holds one token, as vLLM streams them; more when vLLM
+    merged tokens into a chunk). Without that timeline (a non-streamed request, an archived record, more
+    preemptions than the gaps kept), each recomputed at most the prompt and all but the last output token."""
+    prompt, completion, chunks, stalls = facts.prompt_tokens, facts.completion_tokens, facts.content_chunks, \
+        facts.stalls[:preemptions]
+    if prompt is None or completion is None:
+        return {"recomputed_tokens_at_most": None, "recomputed_tokens_basis": None}
+    if facts.stream and chunks and len(stalls) == preemptions:
+        before = [max(0, completion - (chunks - chunks_before)) for _ms, chunks_before in stalls]
+        return {"recomputed_tokens_at_most": preemptions * prompt + sum(before), "recomputed_tokens_basis": "stalls",
+                "stalls_ms": [round(ms, 1) for ms, _before in stalls], "tokens_before_stalls": before}
+    return {"recomputed_tokens_at_most": preemptions * (prompt + max(0, completion - 1)),
+            "recomputed_tokens_basis": "output_length"}
+
+
 def _significant(ms: float, e2e: float, floor: float) -> bool:
     return ms >= floor and e2e > 0 and ms / e2e >= SHARE_SIGNIFICANT
 
@@ -356,9 +398,13 @@ def _causes(facts: RequestFacts, phases: dict[str, float], context: EngineContex
         found.append(_cause("cold_start", engine.load_ms, f"{engine.source} loaded the model for it first "
                             f"({engine.load_ms:,.0f} ms of load_duration)", load_ms=round(engine.load_ms, 1)))
     if engine is not None and engine.preemptions > 0:
+        recomputed = _recomputed(facts, engine.preemptions)
+        at_most = recomputed["recomputed_tokens_at_most"]
         found.append(_cause("preempted", engine.decode_ms + engine.prefill_ms,
-                            f"vLLM preempted it {engine.preemptions} time(s) (its KV blocks freed, then recomputed)",
-                            preemptions=engine.preemptions, preemptions_in_window=context.preemptions_in_window,
+                            f"vLLM preempted it {engine.preemptions} time(s) (its KV blocks freed, then recomputed"
+                            + ("" if at_most is None else f": at most {at_most:,} tokens") + ")",
+                            preemptions=engine.preemptions, **recomputed,
+                            preemptions_in_window=context.preemptions_in_window,
                             kv_usage_max=_round(context.kv_usage_max, 3)))
     queue_ms = engine.queue_ms if engine is not None else (
         phases.get("vllm_until_first_token", 0.0) if (context.waiting_max or 0) > 0 else 0.0)
@@ -457,9 +503,13 @@ def explain(facts: RequestFacts, context: EngineContext = NO_CONTEXT, *, source:
 
 SLOWEST_MAX = 1000
 """The most requests one ``--slowest`` list holds (``inferwatch explain`` and ``/admin/requests``)."""
-ROW_FIELDS = ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms", "outcome", "reason")
+ROW_FIELDS = ("trace_id", "model", "start_unix", "e2e_ms", "ttft_ms", "outcome", "preemptions", "reason")
+ROW_CONTEXT_FIELDS = ("source", "running_max", "waiting_max", "kv_usage_max", "preemptions_in_window")
 
 
 def slowest_row(explanation: Mapping[str, Any]) -> dict[str, Any]:
-    """One request of a ``--slowest`` list: a few fields of its explanation and its first cause."""
-    return {key: explanation[key] for key in ROW_FIELDS} | {"cause": explanation["causes"][0]["cause"]}
+    """One request of a ``--slowest`` list: a few fields of its explanation, its first cause and the engine's
+    state around it (running, waiting, KV usage, vLLM's preemptions meanwhile, and where that came from)."""
+    context = explanation["context"]
+    return {key: explanation[key] for key in ROW_FIELDS} | {
+        "cause": explanation["causes"][0]["cause"], "context": {key: context[key] for key in ROW_CONTEXT_FIELDS}}

@@ -41,9 +41,11 @@ HELP = """Explain one request: its time split into parts that add up to its end-
 sidecar, connecting, vLLM's front end, the engine's queue, prefill and decode, a slow-reading client),
 the engine's state around it and the ranked causes. The sidecar's ring of recent requests is asked
 first (--sidecar), then the request-log archive (--dir); with --prometheus, the engine's state around the
-request comes from that Prometheus. With --slowest N --since D: the N slowest
-requests of the last D with a one-line reason each. Exit 0 when found, 1 when not (saying where it
-looked). The JSON schema is in the README, "Explain a request"."""
+request comes from that Prometheus. With --slowest N --since D: the N slowest requests of the last D, each
+with the engine's state around it (running, waiting, KV usage, vLLM's preemptions; from Prometheus with
+--prometheus) and a one-line reason. Exit 0 when found, 1 when not (saying where it looked); 0 too when
+Prometheus cannot be asked: stderr says why and the sidecar's context stays. The JSON schema is in the
+README, "Explain a request"."""
 NEXT_STEP = {
     "upstream_error": "its log record (inferwatch logs search --trace-id ID) and vLLM's own log around that time",
     "cold_start": "/readyz's recent_cold_starts, and `inferwatch warmup` after restarts",
@@ -126,12 +128,14 @@ def _find_one(args: argparse.Namespace) -> dict[str, Any]:
     raise RequestNotFoundError(f"trace {args.trace_id} not found: " + "; ".join(where))
 
 
-def _slowest(args: argparse.Namespace) -> dict[str, Any]:
+def _slowest(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The ``--slowest`` list, and the explanations it was made from where they are at hand (the archive's, by
+    trace id; the sidecar sends rows only)."""
     where: list[str] = []
     query = {"slowest": str(args.slowest), "since": args.since} | ({"model": args.model} if args.model else {})
     found = _from_sidecar(args, "/admin/requests?" + urllib.parse.urlencode(query), where)
     if found is not None and found["requests"]:
-        return found | {"source": "ring"}
+        return found | {"source": "ring"}, {}
     if found is not None:
         where.append(f"the sidecar at {args.sidecar} has no request in the last {args.since}")
     if args.dir:
@@ -139,9 +143,10 @@ def _slowest(args: argparse.Namespace) -> dict[str, Any]:
         events = [e for e in Archive(args.dir).records(Filter(since_ms=since_ms))
                   if args.model is None or e.get("model") == args.model]
         events.sort(key=lambda e: float(e.get("e2e_ms") or 0.0), reverse=True)
-        rows = [slowest_row(_explain_event(event)) for event in events[:args.slowest]]
-        if rows:
-            return {"source": "archive", "requests": rows}
+        explained = [_explain_event(event) for event in events[:args.slowest]]
+        if explained:
+            return {"source": "archive", "requests": [slowest_row(e) for e in explained]}, {
+                e["trace_id"]: e for e in explained}
         where.append(f"the archive {args.dir} has no record in the last {args.since}")
     else:
         where.append("no archive searched (--dir not given)")
@@ -207,35 +212,93 @@ def render(explanation: dict[str, Any]) -> str:
 
 def _with_prometheus(explanation: dict[str, Any], prometheus: str) -> dict[str, Any]:
     """The explanation again, with the engine's state around the request from Prometheus (the sidecar's
-    ``max_num_seqs`` and cold starts kept); the first one, with a note, when Prometheus cannot be asked."""
+    ``max_num_seqs`` and cold starts kept).
+
+    Raises:
+        PrometheusContextError: Prometheus could not be asked or refused a query.
+    """
     facts = facts_from_json(explanation["facts"])
     known = explanation["context"]
-    try:
-        context = context_from_prometheus(prometheus, facts.model, facts.start_unix, facts.end_unix,
-                                          max_num_seqs=known.get("max_num_seqs"),
-                                          cold_starts=cold_starts_from_json(known))
-        context = dataclasses.replace(context, max_num_seqs_source=known.get("max_num_seqs_source"))
-    except PrometheusContextError as err:
-        print(f"inferwatch explain: {err}; the context stays {known['source']}'s", file=sys.stderr)
-        return explanation
+    context = context_from_prometheus(prometheus, facts.model, facts.start_unix, facts.end_unix,
+                                      max_num_seqs=known.get("max_num_seqs"), cold_starts=cold_starts_from_json(known))
+    context = dataclasses.replace(context, max_num_seqs_source=known.get("max_num_seqs_source"))
     peers = {part: peer["p50_ms"] for part, peer in explanation["peers"].items()}
     return explain(facts, context, source=explanation["source"], peers_p50_ms=peers)
+
+
+def _one_with_prometheus(explanation: dict[str, Any], prometheus: str) -> dict[str, Any]:
+    """:func:`_with_prometheus`, or the explanation as it was when Prometheus cannot be asked (stderr says why)."""
+    try:
+        return _with_prometheus(explanation, prometheus)
+    except PrometheusContextError as err:
+        print(f"inferwatch explain: {err}; the context stays {explanation['context']['source']}'s", file=sys.stderr)
+        return explanation
+
+
+def _slowest_with_prometheus(args: argparse.Namespace, listing: dict[str, Any],
+                             explained: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``--slowest`` rows again, each explained with the engine's state around its request from Prometheus
+    (its explanation asked of the sidecar again, which has its facts). When Prometheus cannot be asked, stderr says
+    why once and the rows keep the context they were listed with; a request that left the ring meanwhile too."""
+    rows, failed, total = [], False, len(listing["requests"])
+    progress = sys.stderr.isatty()  # a line that counts the requests, on a terminal
+    for index, row in enumerate(listing["requests"]):
+        if progress:
+            print(f"\rinferwatch explain: asking Prometheus about request {index + 1} of {total}", end="",
+                  file=sys.stderr, flush=True)
+        explanation = None if failed else explained.get(row["trace_id"]) or _from_sidecar(
+            args, f"/admin/requests/{row['trace_id']}", [])
+        try:
+            rows.append(row if explanation is None else slowest_row(_with_prometheus(explanation, args.prometheus)))
+        except PrometheusContextError as err:
+            if progress:
+                print(file=sys.stderr)  # end the progress line
+            print(f"inferwatch explain: {err}; the rows keep the context they were listed with", file=sys.stderr)
+            failed, progress = True, False
+            rows.append(row)
+    if progress:
+        print(file=sys.stderr)
+    return listing | {"requests": rows}
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def slowest_table(rows: list[dict[str, Any]]) -> str:
+    """The ``--slowest`` list for a terminal: one line per request, slowest first, with the engine's state around it
+    (the most running and waiting, the highest KV usage, vLLM's preemptions in its window, and where those came
+    from; ``-`` where unknown) and its reason."""
+    lines = [f"{'TRACE_ID':<32}  {'E2E_MS':>10}  {'CAUSE':<18}  {'RUNNING':>7}  {'WAITING':>7}  {'KV':>5}  "
+             f"{'PREEMPTED':>9}  {'CONTEXT':<13}  REASON"]
+    for row in rows:
+        context = row.get("context") or {}
+        lines.append(f"{row['trace_id']:<32}  {row['e2e_ms']:>10,.1f}  {row['cause']:<18}  "
+                     f"{_cell(context.get('running_max'), 'd'):>7}  {_cell(context.get('waiting_max'), 'd'):>7}  "
+                     f"{_cell(context.get('kv_usage_max'), '.2f'):>5}  "
+                     f"{_cell(context.get('preemptions_in_window'), 'g'):>9}  {context.get('source', '-'):<13}  "
+                     f"{row['reason']}")
+    return "\n".join(lines)
 
 
 def _run(args: argparse.Namespace) -> int:
     if (args.trace_id is None) == (args.slowest is None):
         print("inferwatch explain: give a TRACE_ID or --slowest N (not both)", file=sys.stderr)
         return 2
-    result = _find_one(args) if args.trace_id is not None else _slowest(args)  # RequestNotFoundError: exit 1
-    if args.prometheus and args.trace_id is not None:
-        result = _with_prometheus(result, args.prometheus)
+    if args.trace_id is not None:
+        result = _find_one(args)  # RequestNotFoundError: exit 1
+        if args.prometheus:
+            result = _one_with_prometheus(result, args.prometheus)
+    else:
+        result, explained = _slowest(args)
+        if args.prometheus:
+            result = _slowest_with_prometheus(args, result, explained)
     if args.json:
         print(json.dumps(result))
     elif args.trace_id is not None:
         print(render(result))
     else:
-        for row in result["requests"]:
-            print(f"{row['trace_id']}  {row['e2e_ms']:>10,.1f} ms  {row['cause']:<18} {row['reason']}")
+        print(slowest_table(result["requests"]))
     return 0
 
 
@@ -263,7 +326,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "needed when the sidecar is not on this machine's loopback (the /admin access rule).")
     parser.add_argument("--dir", metavar="ARCHIVE", help="The request-log archive to search next.")
     parser.add_argument("--prometheus", metavar="URL",
-                        help="Read the engine's state around the request from this Prometheus (it scrapes the "
-                        "sidecar) instead of the sidecar's own history; for one TRACE_ID, not --slowest.")
+                        help="Read the engine's state around the request (each listed request with --slowest) from "
+                        "this Prometheus (it scrapes vLLM and the sidecar) instead of the sidecar's own history.")
     parser.add_argument("--json", action="store_true", help="The explanation as JSON (schema inferwatch.explain/1).")
     parser.set_defaults(func=_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,47 @@ def test_a_request_cut_just_before_the_probe_saw_vllm_gone_is_upstream_restart()
     assert "upstream_restart" not in _causes(_facts(e2e_ms=2700.0), context)
     assert "upstream_restart" not in _causes(_facts(e2e_ms=1500.0, outcome="upstream_error", http_status=502),
                                              context)
+
+
+def _preempted(explanation: dict[str, Any]) -> dict[str, Any]:
+    return dict(next(c for c in explanation["causes"] if c["cause"] == "preempted")["evidence"])
+
+
+def test_the_recomputed_tokens_are_the_prompt_and_the_output_before_each_of_its_largest_stalls() -> None:
+    """A stream of 7 one-token chunks preempted twice, its two largest gaps after chunks 2 and 5: vLLM prefilled
+    again at most the prompt and 2 tokens, then the prompt and 5; preempted once, the largest only; the figure
+    survives the facts' JSON (what --prometheus explains again from)."""
+    record = RequestRecord(
+        trace_id="ab" * 16, span_id="00f067aa0ba902b7", route="/v1/completions", model="m", stream=True,
+        http_status=200, prompt_tokens=100, completion_tokens=7, upstream_sent_s=0.001, ttft_s=0.1, e2e_s=2.5,
+        inter_token_s=[0.01, 0.9, 0.01, 0.01, 1.2, 0.01], start_unix=START)
+    twice = dataclasses.replace(facts_from_record(record), engine=EnginePhases(1.0, 20.0, 2300.0, 2, 0))
+    evidence = _preempted(explain(twice))
+    assert evidence["recomputed_tokens_at_most"] == 2 * 100 + 5 + 2
+    assert evidence["recomputed_tokens_basis"] == "stalls"
+    assert evidence["tokens_before_stalls"] == [5, 2]
+    assert evidence["stalls_ms"] == [1200.0, 900.0]
+    again = explain(facts_from_json(json.loads(json.dumps(explain(twice)["facts"]))))
+    assert _preempted(again)["recomputed_tokens_at_most"] == 207
+    once = dataclasses.replace(twice, engine=EnginePhases(1.0, 20.0, 2300.0, 1, 0))
+    assert _preempted(explain(once))["recomputed_tokens_at_most"] == 105
+    assert "at most 105 tokens" in explain(once)["reason"]
+
+
+def test_chunks_that_merged_tokens_raise_the_bound_and_without_a_timeline_it_is_the_whole_output() -> None:
+    """12 tokens in 10 chunks, a stall after chunk 4: up to 2 of the merged tokens may have come before it, so at
+    most 6 tokens then; a request that was not streamed (or an archived one, or one with more preemptions than the
+    gaps kept) recomputed at most its prompt and all but its last token, per preemption; without usage, unknown."""
+    merged = _facts(completion_tokens=12, content_chunks=10, stalls=((800.0, 4), (11.0, 2)),
+                    engine=EnginePhases(1.0, 20.0, 900.0, 1, 0))
+    assert _preempted(explain(merged))["tokens_before_stalls"] == [6]
+    assert _preempted(explain(merged))["recomputed_tokens_at_most"] == 106
+    whole = _facts(stream=False, completion_tokens=12, largest_gap_ms=None, median_gap_ms=None,
+                   engine=EnginePhases(1.0, 20.0, 900.0, 2, 0))
+    assert _preempted(explain(whole))["recomputed_tokens_at_most"] == 2 * (100 + 11)
+    assert _preempted(explain(whole))["recomputed_tokens_basis"] == "output_length"
+    too_many = dataclasses.replace(merged, engine=EnginePhases(1.0, 20.0, 900.0, 3, 0))
+    assert _preempted(explain(too_many))["recomputed_tokens_basis"] == "output_length"
+    unknown = _preempted(explain(dataclasses.replace(whole, completion_tokens=None)))
+    assert unknown["recomputed_tokens_at_most"] is None
+    assert "at most" not in explain(dataclasses.replace(whole, completion_tokens=None))["reason"]

@@ -30,6 +30,7 @@ from log_pipeline.query import Archive
 from serving import config as cfg
 from serving.app import OBSERVERS, build_app
 from serving.cli import main
+from serving.commands.explain import slowest_table
 from serving.explain import RequestRing, with_slowest_request
 from serving.loadtest.client import RequestResult
 from serving.rule_engine import RULE_RUNNER, RuleRunner
@@ -450,6 +451,56 @@ async def test_an_unreachable_prometheus_leaves_the_sidecars_context_and_says_so
     said = capsys.readouterr()
     assert json.loads(said.out.splitlines()[-1])["context"]["source"] == own["context"]["source"]
     assert f"Prometheus at {nobody} could not be asked" in said.err
+
+
+async def test_slowest_with_an_unreachable_prometheus_lists_the_sidecars_rows_and_says_so_once(
+    setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--slowest 2 --prometheus at an address nobody listens on: both rows still printed (exit 0), each with the
+    context the sidecar listed it with (its plugin steps), and stderr names that Prometheus once, not per row."""
+    step = EngineStepStats(0.5, 3, 1, 0, 0)
+    for i in (16, 17):
+        setup.send_engine(_trace(99), 0.0, 0.0, 0.0, 0, step)  # the plugin is alive: steps around each request
+        await setup.request(_trace(i))
+        setup.send_engine(_trace(i), 0.001, 0.002, 0.2, 0, step)
+        await setup.explain_when_finished(_trace(i))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    base = str(setup.client.make_url("")).rstrip("/")
+    loop = asyncio.get_running_loop()
+    args = ["explain", "--slowest", "2", "--since", "5m", "--sidecar", base, "--prometheus", nobody]
+    assert await loop.run_in_executor(None, main, [*args, "--json"]) == 0
+    said = capsys.readouterr()
+    rows = json.loads(said.out.splitlines()[-1])["requests"]
+    assert {row["trace_id"] for row in rows} == {_trace(16), _trace(17)}
+    assert [row["context"]["source"] for row in rows] == ["plugin_steps"] * 2
+    assert [row["context"]["running_max"] for row in rows] == [3, 3]
+    assert said.err.count(f"Prometheus at {nobody} could not be asked") == 1
+    assert await loop.run_in_executor(None, main, args) == 0
+    table = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("TRACE_ID"))
+    assert {line.split()[0] for line in table[header + 1:]} == {_trace(16), _trace(17)}
+    assert all(line.split()[3:8] == ["3", "1", "0.50", "-", "plugin_steps"] for line in table[header + 1:])
+
+
+def test_the_slowest_table_aligns_the_context_and_marks_what_is_unknown() -> None:
+    """One row with Prometheus's context, one from the archive with none: the columns line up under the header, the
+    numbers as given (KV to two places, a Prometheus increase as it came), '-' where nothing is known."""
+    rows = [{"trace_id": "a" * 32, "e2e_ms": 2972.6, "cause": "queue_full_batch", "reason": "it queued",
+             "context": {"source": "prometheus", "running_max": 2, "waiting_max": 4, "kv_usage_max": 0.938,
+                         "preemptions_in_window": 2.5}},
+             {"trace_id": "b" * 32, "e2e_ms": 12.0, "cause": "none", "reason": "nothing stands out",
+              "context": {"source": "none", "running_max": None, "waiting_max": None, "kv_usage_max": None,
+                          "preemptions_in_window": None}}]
+    header, first, second = slowest_table(rows).splitlines()
+    assert first.split()[:8] == ["a" * 32, "2,972.6", "queue_full_batch", "2", "4", "0.94", "2.5", "prometheus"]
+    assert second.split()[:8] == ["b" * 32, "12.0", "none", "-", "-", "-", "-", "none"]
+    for column in ("E2E_MS", "RUNNING", "WAITING", "KV", "PREEMPTED"):  # right-aligned under their header
+        end = header.index(column) + len(column)
+        assert first[end - 1] != " " != second[end - 1], column
+        assert first[end] == second[end] == " ", column
+    assert first.index("it queued") == second.index("nothing stands out") == header.index("REASON")
 
 
 async def test_the_demo_ends_with_the_explanation_of_its_slowest_request(
