@@ -31,10 +31,12 @@ with a warning), a queue of its own for long prompts (the sidecar's lanes), cons
 maximum context, network jitter through a delaying proxy (--jitter-min-ms..--jitter-max-ms) with what
 the client's timeout and backoff did, requests sharing a long prefix against the 85 % prefix-cache
 target (vLLM's own counters, with KV usage and TTFT against distinct prefixes), the capacity for
---expected-rpm with headroom per 100 rpm, the baseline profile (--baseline FILE saves it, --compare
-FILE flags p99 +10 % and throughput -10 %), fast retries the sidecar counted (the same request again
-within 500 ms), cold-start shocks (--restart-cmd) and recovery from kill -9 (--kill-match and
---restart-cmd; run last, as they restart the target). A progress line per item goes to stderr.
+--expected-rpm with headroom per 100 rpm, the baseline profile of the mix with the GPUs' power and
+temperature during it from the sidecar's NVML series (--baseline FILE saves it, manual without them;
+--compare FILE flags p99 +10 %, throughput -10 %, power +10 %, tokens per joule -10 % and the hottest
+GPU +5 degrees C), fast retries the sidecar counted (the same request again within 500 ms), cold-start
+shocks (--restart-cmd) and recovery from kill -9 (--kill-match and --restart-cmd; run last, as they
+restart the target). A progress line per item goes to stderr.
 Exit 0 when no item failed, 1 when one did, 2 on bad options."""
 
 
@@ -61,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="With --compare: p99 latency may rise by this share (default 0.10).")
     p.add_argument("--throughput-drop", type=float, default=0.10, metavar="F",
                    help="With --compare: throughput may drop by this share (default 0.10).")
+    p.add_argument("--power-rise", type=float, default=0.10, metavar="F",
+                   help="With --compare: the GPUs' mean power during the mix may rise by this share (default 0.10).")
+    p.add_argument("--tokens-per-joule-drop", type=float, default=0.10, metavar="F",
+                   help="With --compare: tokens per joule may drop by this share (default 0.10).")
+    p.add_argument("--temperature-rise", type=float, default=5.0, metavar="C",
+                   help="With --compare: the hottest GPU may be this many degrees Celsius warmer (default 5).")
     sizes = p.add_argument_group("how much each line sends (defaults are the checklist's)")
     sizes.add_argument("--mix", default="512:7,8192:2,32768:1", metavar="LEN:W,...", help="The mixed load's lengths.")
     sizes.add_argument("--mix-requests", type=int, default=100, metavar="N", help="Requests of the mix (100).")
@@ -112,7 +120,8 @@ def spec_of(args: argparse.Namespace) -> PrelaunchSpec:
         url=args.url, model=args.model, metrics_url=args.metrics_url, engine_metrics_url=args.engine_metrics_url,
         restart_cmd=args.restart_cmd, kill_match=args.kill_match, expected_rpm=args.expected_rpm,
         headroom_per_100_rpm=args.headroom_per_100_rpm, baseline=Path(args.baseline) if args.baseline else None,
-        compare=Path(args.compare) if args.compare else None, limits=bl.Limits(args.p99_rise, args.throughput_drop),
+        compare=Path(args.compare) if args.compare else None, limits=bl.Limits(
+            args.p99_rise, args.throughput_drop, args.power_rise, args.tokens_per_joule_drop, args.temperature_rise),
         mix=args.mix, mix_requests=args.mix_requests, concurrency=args.concurrency, long_requests=args.long_requests,
         cold_starts=args.cold_starts, cold_start_s=args.cold_start_duration, jitter_min_s=args.jitter_min_ms / 1000,
         jitter_max_s=args.jitter_max_ms / 1000, jitter_requests=args.jitter_requests,

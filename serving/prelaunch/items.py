@@ -17,7 +17,6 @@ from typing import Any
 
 import aiohttp
 
-from exporters.catalog.gpu import GPU_POWER, GPU_TEMPERATURE, GPU_TOKENS_PER_JOULE
 from exporters.catalog.request import FAST_RETRIES, REQUESTS
 from exporters.catalog.vllm import PREFIX_CACHE_QUERIES
 from serving.loadtest.calibrate import calibrate, max_model_len
@@ -32,6 +31,7 @@ from serving.loadtest.steps import RunPlan, RunResult, run_steps
 from serving.loadtest.warmup import WarmupSpec, warm_up
 from serving.prelaunch import baseline as bl
 from serving.prelaunch.checklist import Item
+from serving.prelaunch.gpu_watch import GpuProfile, GpuWatch
 from serving.prelaunch.jitter import JitterProxy
 from serving.prelaunch.prefix import PrefixSource, prefix_phase
 from serving.prelaunch.sidecar_metrics import read_samples, total
@@ -95,14 +95,15 @@ _LOAD_SEEDS = itertools.count(1)
 
 @dataclass(slots=True)
 class Context:
-    """What earlier items leave for later ones: the mixed load's report, the fast-retry count at the start."""
+    """What earlier items leave for later ones: the mixed load's report and its GPUs, the fast-retry count at the
+    start."""
 
     spec: PrelaunchSpec
     say: Say
     warnings: list[str] = field(default_factory=list)
     mix: LoadReport | None = None
     fast_retries_at_start: float = 0.0
-    gpu: dict[str, Any] = field(default_factory=dict)
+    mix_gpu: GpuProfile | None = None
 
 
 def _slowest(report: LoadReport) -> tuple[str, ...]:
@@ -110,22 +111,30 @@ def _slowest(report: LoadReport) -> tuple[str, ...]:
 
 
 def _latency(report: LoadReport) -> dict[str, Any]:
-    return {"requests": report.sent, "failed": report.failed, "errors": dict(report.errors),
+    return {"requests": report.sent, "failed": report.failed, "errors": dict(report.errors), "wall_s": report.wall_s,
             "e2e_p50_s": report.e2e_s.p50, "e2e_p99_s": report.e2e_s.p99, "ttft_p99_s": report.ttft_s.p99,
             "requests_per_s": report.requests_per_s, "output_tokens_per_s": report.output_tokens_per_s}
 
 
-async def _run(ctx: Context, options: LoadOptions) -> RunResult:
+async def _prepare(ctx: Context, options: LoadOptions) -> RunPlan:
     plan, calibration = await prepare(options, say=ctx.say)
     if calibration is not None:
         ctx.warnings.extend(w for w in calibration.warnings if w not in ctx.warnings)
-    return await run_steps(plan, say=ctx.say)
+    return plan
+
+
+async def _run(ctx: Context, options: LoadOptions) -> RunResult:
+    return await run_steps(await _prepare(ctx, options), say=ctx.say)
 
 
 async def mix(ctx: Context) -> Item:
-    """512/8k/32k at 7:2:1 (lengths above the context capped, with a warning)."""
+    """512/8k/32k at 7:2:1 (lengths above the context capped, with a warning); the sidecar's GPU readings during
+    it are the baseline's power and temperature."""
     s = ctx.spec
-    run = await _run(ctx, LoadOptions(base=s.load(), concurrency=(s.concurrency,), mix=s.mix))
+    plan = await _prepare(ctx, LoadOptions(base=s.load(), concurrency=(s.concurrency,), mix=s.mix))
+    async with aiohttp.ClientSession() as session, GpuWatch(session, s.sidecar_metrics) as watch:
+        run = await run_steps(plan, say=ctx.say)
+    ctx.mix_gpu = watch.profile()
     report = ctx.mix = run.steps[0]
     by_length: dict[str, list[int]] = {}
     for r in report.results:
@@ -264,37 +273,49 @@ async def capacity(ctx: Context) -> Item:
     return Item("capacity", line, "pass" if enough else "fail", finding, model.to_dict())
 
 
-async def _gpu(ctx: Context) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        found = await read_samples(session, ctx.spec.sidecar_metrics, GPU_POWER.series,
-                                   GPU_TEMPERATURE.series, GPU_TOKENS_PER_JOULE.series) or {}
-    return {"power_watts": total(found.get(GPU_POWER.series)) if GPU_POWER.series in found else None,
-            "temperature_celsius_max": max((v for _, v in found.get(GPU_TEMPERATURE.series, [])), default=None),
-            "tokens_per_joule": total(found.get(GPU_TOKENS_PER_JOULE.series))
-            if GPU_TOKENS_PER_JOULE.series in found else None}
+def _profile(ctx: Context, report: LoadReport, gpu: GpuProfile) -> dict[str, Any]:
+    """The mix's latency and throughput, its GPUs' power and temperature, and tokens per joule: the output tokens
+    per second the client received over the mean power."""
+    tokens_per_joule = report.output_tokens_per_s / gpu.power_watts if gpu.power_watts else None
+    return {**_latency(report), **gpu.to_dict(), "tokens_per_joule": tokens_per_joule, "url": ctx.spec.url,
+            "model": ctx.spec.model, "saved_unix": time.time()}
 
 
 async def baseline(ctx: Context) -> Item:
-    """The baseline profile: saved with --baseline, compared with --compare."""
+    """The baseline profile of the mix: saved with --baseline, compared with --compare; without power or
+    temperature the line is manual, naming what is missing."""
     s = ctx.spec
     line = "A baseline profile with temperature and power"
-    if ctx.mix is None:
+    if ctx.mix is None or ctx.mix_gpu is None:
         return Item("baseline", line, "manual", "No mixed load ran, so there is no profile.", {})
-    profile = {**_latency(ctx.mix), **await _gpu(ctx), "url": s.url, "model": s.model, "saved_unix": time.time()}
+    gpu = ctx.mix_gpu
+    profile = _profile(ctx, ctx.mix, gpu)
+    missing = "; ".join(gpu.missing)
     if s.compare is not None:
-        found = bl.regressions(bl.load(s.compare), profile, s.limits)
+        before = bl.load(s.compare)
+        found, skipped = bl.regressions(before, profile, s.limits), bl.uncompared(before, profile)
+        lim = s.limits
         finding = ("Against the baseline: " + "; ".join(found) + "." if found else
-                   f"No regression against {s.compare} (p99 +{s.limits.p99_rise:.0%}, throughput "
-                   f"-{s.limits.throughput_drop:.0%} allowed).")
+                   f"No regression against {s.compare} (p99 +{lim.p99_rise:.0%}, throughput "
+                   f"-{lim.throughput_drop:.0%}, power +{lim.power_rise:.0%}, tokens per joule "
+                   f"-{lim.tokens_per_joule_drop:.0%}, temperature +{lim.temperature_rise_c:g} °C allowed).")
+        if skipped:
+            finding += f" Not compared: {', '.join(skipped)}" + (f" ({missing})." if missing else ".")
         return Item("baseline", "No regression against the baseline", "fail" if found else "pass", finding,
-                    {"baseline": str(s.compare), "now": profile, "regressions": found})
-    if s.baseline is not None:
-        bl.save(s.baseline, profile)
-        missing = [k for k in ("power_watts", "temperature_celsius_max") if profile[k] is None]
-        note = f" ({' and '.join(missing)} not available: no NVML at the sidecar)" if missing else ""
-        return Item("baseline", line, "pass", f"Profile saved to {s.baseline}{note}.", profile)
-    return Item("baseline", line, "manual", "Give --baseline FILE to save this profile, --compare FILE to compare "
-                "against one.", profile)
+                    {"baseline": str(s.compare), "now": profile, "regressions": found, "not_compared": skipped})
+    if s.baseline is None:
+        return Item("baseline", line, "manual", "Give --baseline FILE to save this profile, --compare FILE to "
+                    "compare against one.", profile)
+    bl.save(s.baseline, profile)
+    if missing:
+        return Item("baseline", line, "manual", f"Profile saved to {s.baseline} without power or temperature: "
+                    f"{missing}. Record them by hand during a load (nvidia-smi --query-gpu=power.draw,"
+                    "temperature.gpu --format=csv -l 1).", {**profile, "missing": list(gpu.missing)})
+    tokens_per_joule = profile["tokens_per_joule"]
+    return Item("baseline", line, "pass", f"Profile saved to {s.baseline}: {gpu.power_watts:.4g} W on average "
+                f"over {gpu.gpus} GPU(s) during the mix (peak {gpu.power_watts_max:.4g} W), hottest GPU "
+                f"{gpu.temperature_celsius_max:.4g} °C, "
+                f"{'no' if tokens_per_joule is None else f'{tokens_per_joule:.4g}'} tokens per joule.", profile)
 
 
 async def cold_starts(ctx: Context) -> Item:

@@ -6,7 +6,9 @@ would break other tests, so the target is a sidecar of this module's own (``infe
 port if one runs and starts a new one. ``--kill-match`` names that sidecar's command line. The checklist runs
 with small counts; the sidecar has no long lane, so that line must fail (exit 1); a second run with a restart
 command that brings nothing back must fail the kill -9 line. A client that sends one request twice at once is
-what the fast-retry count must show.
+what the fast-retry count must show. The sidecar runs with the fake NVML (tests/harness/sidecar_fake_nvml.py, two
+GPUs at the fake's default power and temperature), so the baseline line sees power and temperature as on a GPU
+host; the session's plain sidecar (no NVML on this machine) is the host without a GPU.
 """
 
 from __future__ import annotations
@@ -30,11 +32,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import require
+from tests.fakes.nvml import FakeGpu
 from tests.harness import servers
+from tests.harness.exposition import sample_sum
 
 pytestmark = pytest.mark.real_server
 
 FAST_RETRIES = "inferwatch_fast_retries_total"
+FAKE_GPUS = 2
+FAKE_GPU = FakeGpu(0, "GPU-0")
+"""The fake NVML's GPU as configured (every GPU of the wrapper is one of these): the truth for power and temperature."""
 
 
 @dataclass
@@ -70,8 +77,9 @@ def own_sidecar(vllm_server: servers.VllmServer, tmp_path_factory: pytest.TempPa
         # Restart this module's sidecar: SIGKILL the running one (if any), start a new one on the same port.
         if [ -f {pid_file} ]; then kill -9 "$(cat {pid_file})" 2>/dev/null; sleep 0.2; fi
         cd {servers.REPO}
-        setsid {sys.executable} -m serving.cli serve --upstream {vllm_server.base_url} \\
-            --listen 127.0.0.1:{port} --scrape-interval-s 1 >> {work}/sidecar.log 2>&1 < /dev/null &
+        INFERWATCH_FAKE_GPUS={FAKE_GPUS} INFERWATCH_FAKE_XID_AFTER_S=-1 setsid {sys.executable} \\
+            -m tests.harness.sidecar_fake_nvml serve --upstream {vllm_server.base_url} --listen 127.0.0.1:{port} \\
+            --scrape-interval-s 1 --gpu-interval-s 1 >> {work}/sidecar.log 2>&1 < /dev/null &
         echo $! > {pid_file}
         """))
     subprocess.run(["sh", str(script)], check=True, timeout=30)
@@ -89,7 +97,7 @@ def _prelaunch(sidecar: OwnSidecar, vllm: servers.VllmServer, report: Path, *ext
                on_line: Callable[[str], None] = lambda _line: None) -> tuple[int, dict[str, Any]]:
     argv = [sys.executable, "-m", "serving.cli", "prelaunch", "--url", sidecar.url, "--model", "tiny-llm",
             "--report", str(report), "--engine-metrics-url", vllm.base_url + "/metrics", "--health-path", "/readyz",
-            "--kill-match", rf"serving\.cli serve .* --listen 127\.0\.0\.1:{sidecar.port}\b", *extra]
+            "--kill-match", rf"sidecar_fake_nvml serve .* --listen 127\.0\.0\.1:{sidecar.port}\b", *extra]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stderr is not None
         lines = []
@@ -108,6 +116,11 @@ def _counter(url: str, name: str) -> float:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
+def _metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+        return str(reply.read().decode())
+
+
 def _post(url: str, body: bytes) -> None:
     request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json",
                                                                       "User-Agent": "prelaunch-test-client"})
@@ -119,12 +132,16 @@ def _post(url: str, body: bytes) -> None:
 def checklist_run(own_sidecar: OwnSidecar, vllm_server: servers.VllmServer,
                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of every line with small counts, a baseline saved, and a client sending one request twice at
-    once while it runs (before the fast-retry line reads the count)."""
+    once while it runs (before the fast-retry line reads the count); vLLM's own /metrics read as the mix line
+    starts and as it ends."""
     work = tmp_path_factory.mktemp("checklist")
     started_pid = own_sidecar.pid()
     body = json.dumps({"model": "tiny-llm", "prompt": f"retried at once {time.time()}", "max_tokens": 2}).encode()
+    around_mix: list[tuple[float, str]] = []
 
     def retry_at_once(line: str) -> None:
+        if "] mix" in line or ": A 512/8k/32k mix" in line:
+            around_mix.append((time.monotonic(), _metrics(vllm_server.base_url)))
         if "] long lane" in line:  # after the warm-up read the count: this client's pair must show
             _post(own_sidecar.url, body)
             _post(own_sidecar.url, body)
@@ -139,7 +156,7 @@ def checklist_run(own_sidecar: OwnSidecar, vllm_server: servers.VllmServer,
         "--only", "mix,long_lane,long_context,jitter,shared_prefix,capacity,baseline,fast_retries,cold_starts,kill_9",
         on_line=retry_at_once)
     return {"rc": rc, "doc": doc, "items": {i["key"]: i for i in doc["items"]}, "started_pid": started_pid,
-            "work": work}
+            "work": work, "around_mix": around_mix}
 
 
 def test_each_line_has_a_verdict_and_the_report_reads_on_its_own(checklist_run: dict[str, Any]) -> None:
@@ -198,18 +215,48 @@ def test_prefix_verdict_follows_vllms_counters(checklist_run: dict[str, Any]) ->
     assert ratio > (distinct["prefix_cache_hit_ratio"] or 0.0)
 
 
+def test_the_baseline_holds_the_gpus_power_and_temperature_during_the_mix(checklist_run: dict[str, Any]) -> None:
+    """The baseline line passes with the fake NVML's figures: the power its GPUs draw, summed, and its temperature;
+    tokens per joule are vLLM's own count of the mix's generated tokens over the energy the fake's counter gains at
+    that draw (its power reading, every second) during the mix."""
+    item = checklist_run["items"]["baseline"]
+    assert item["verdict"] == "pass", item
+    saved = json.loads((checklist_run["work"] / "baseline.json").read_text())
+    watts = FAKE_GPUS * FAKE_GPU.power_mw / 1000
+    assert saved["gpus"] == FAKE_GPUS
+    assert saved["power_watts"] == saved["power_watts_max"] == pytest.approx(watts)
+    assert saved["temperature_celsius_max"] == FAKE_GPU.temperature
+    (start, before), (end, after) = checklist_run["around_mix"]
+    generated = sample_sum(after, "vllm:generation_tokens_total") - sample_sum(before, "vllm:generation_tokens_total")
+    calibration = (sample_sum(after, "vllm:request_generation_tokens_bucket", le="1.0")  # max_tokens 1 each
+                   - sample_sum(before, "vllm:request_generation_tokens_bucket", le="1.0"))
+    assert calibration > 0
+    mix_tokens = generated - calibration
+    assert mix_tokens == saved["requests"] * 4  # --max-tokens 4, ignore_eos
+    assert 0 < saved["wall_s"] <= end - start
+    assert saved["tokens_per_joule"] == pytest.approx(mix_tokens / (watts * saved["wall_s"]))
+
+
 def test_the_baseline_compares_and_a_regression_fails(checklist_run: dict[str, Any], own_sidecar: OwnSidecar,
                                                       vllm_server: servers.VllmServer) -> None:
-    """The saved profile holds the mix's p99; compared with a baseline ten times faster, the line fails."""
+    """The saved profile holds the mix's p99; compared with a baseline ten times faster, a hundred times as
+    efficient (two short loads' throughputs differ by several times), with 20 % less power and a GPU 6 degrees
+    cooler, the line fails on each."""
     saved = json.loads((checklist_run["work"] / "baseline.json").read_text())
     assert saved["e2e_p99_s"] == checklist_run["items"]["mix"]["evidence"]["e2e_p99_s"]
+    better = {"e2e_p99_s": saved["e2e_p99_s"] / 10, "tokens_per_joule": saved["tokens_per_joule"] * 100,
+              "power_watts": saved["power_watts"] / 1.2,
+              "temperature_celsius_max": saved["temperature_celsius_max"] - 6}
     faster = checklist_run["work"] / "faster.json"
-    faster.write_text(json.dumps(saved | {"e2e_p99_s": saved["e2e_p99_s"] / 10}))
+    faster.write_text(json.dumps(saved | better))
     rc, doc = _prelaunch(own_sidecar, vllm_server, checklist_run["work"] / "compare", "--compare", str(faster),
                          "--mix-requests", "4", "--max-tokens", "4", "--only", "mix,baseline")
     baseline = {i["key"]: i for i in doc["items"]}["baseline"]
     assert (rc, baseline["verdict"]) == (1, "fail")
-    assert "e2e_p99_s" in baseline["finding"]
+    flagged = {sentence.split()[0] for sentence in baseline["evidence"]["regressions"]}
+    assert set(better) <= flagged, baseline
+    assert all(key in baseline["finding"] for key in better)
+    assert "+20% against" in baseline["finding"]  # the power: 1.2 times the baseline's
 
 
 def test_a_restart_that_brings_nothing_back_fails_the_kill_line(checklist_run: dict[str, Any],
@@ -281,14 +328,19 @@ def test_the_other_measured_lines_pass(checklist_run: dict[str, Any]) -> None:
 
 
 def test_jitter_past_the_timeout_and_too_little_capacity_fail_and_missing_commands_are_manual(
-        checklist_run: dict[str, Any], own_sidecar: OwnSidecar, vllm_server: servers.VllmServer) -> None:
+        checklist_run: dict[str, Any], own_sidecar: OwnSidecar, vllm_server: servers.VllmServer,
+        sidecar: servers.SidecarServer) -> None:
     """Delays of 1.5 s against a 0.5 s client timeout fail the jitter line with its timeouts counted; a million
     requests a minute are more than this deployment serves; without a restart command both restart lines are
-    manual, saying what they need."""
+    manual, saying what they need. The GPU series read from the session's sidecar, on a host without a GPU
+    driver: the baseline is saved without power and temperature, and its line is manual, saying why."""
+    no_gpu = sample_sum(_metrics(sidecar.base_url), "inferwatch_gpu_exporter_up") == 0
+    saved = checklist_run["work"] / "no-gpu.json"
     rc, doc = _prelaunch(own_sidecar, vllm_server, checklist_run["work"] / "short", "--mix-requests", "2",
                          "--max-tokens", "4", "--jitter-min-ms", "1500", "--jitter-max-ms", "1500",
                          "--jitter-timeout", "0.5", "--jitter-requests", "2", "--expected-rpm", "1000000",
-                         "--only", "mix,jitter,capacity,cold_starts,kill_9")
+                         "--baseline", str(saved), "--metrics-url", sidecar.base_url + "/metrics",
+                         "--only", "mix,jitter,capacity,baseline,cold_starts,kill_9")
     items = {i["key"]: i for i in doc["items"]}
     assert rc == 1
     assert items["jitter"]["verdict"] == "fail"
@@ -297,3 +349,11 @@ def test_jitter_past_the_timeout_and_too_little_capacity_fail_and_missing_comman
     assert items["capacity"]["evidence"]["replicas"] > 1
     assert (items["cold_starts"]["verdict"], items["kill_9"]["verdict"]) == ("manual", "manual")
     assert "--restart-cmd" in items["kill_9"]["finding"]
+    profile = json.loads(saved.read_text())
+    if no_gpu:  # a GPU host (real NVML at the sidecar) passes instead
+        assert items["baseline"]["verdict"] == "manual", items["baseline"]
+        assert "has no NVML (inferwatch_gpu_exporter_up 0" in items["baseline"]["finding"]
+        assert (profile["power_watts"], profile["temperature_celsius_max"], profile["tokens_per_joule"]) == (
+            None, None, None)
+    else:
+        assert items["baseline"]["verdict"] == "pass", items["baseline"]

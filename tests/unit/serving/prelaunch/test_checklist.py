@@ -60,6 +60,31 @@ def test_regressions_beyond_the_limits(now: dict[str, float], expected: list[str
     assert [f.split()[0] for f in found] == expected
 
 
+GPU_BASELINE = {"power_watts": 700.0, "tokens_per_joule": 2.0, "temperature_celsius_max": 60.0}
+
+
+@pytest.mark.parametrize(("now", "expected"), [
+    ({"power_watts": 770.0, "tokens_per_joule": 1.8, "temperature_celsius_max": 65.0}, []),
+    ({"power_watts": 771.0, "tokens_per_joule": 2.0, "temperature_celsius_max": 60.0}, ["power_watts"]),
+    ({"power_watts": 700.0, "tokens_per_joule": 1.79, "temperature_celsius_max": 60.0}, ["tokens_per_joule"]),
+    ({"power_watts": 700.0, "tokens_per_joule": 2.0, "temperature_celsius_max": 65.5},
+     ["temperature_celsius_max"]),
+], ids=["at every limit", "power up 10.1 %", "tokens per joule down 10.5 %", "5.5 degrees warmer"])
+def test_gpu_regressions_beyond_the_limits(now: dict[str, float], expected: list[str]) -> None:
+    """Power may rise 10 %, tokens per joule drop 10 % and the hottest GPU warm by 5 degrees (not a share of a
+    Celsius reading); beyond any is a regression."""
+    found = baseline.regressions(GPU_BASELINE, now, baseline.Limits())
+    assert [f.split()[0] for f in found] == expected
+
+
+def test_a_figure_missing_on_either_side_is_not_compared() -> None:
+    """No power now (no NVML) or none in the baseline: nothing flagged for it, and it is listed as not compared."""
+    now = {"power_watts": None, "tokens_per_joule": None, "temperature_celsius_max": 90.0}
+    assert baseline.regressions({**GPU_BASELINE, "temperature_celsius_max": None}, now, baseline.Limits()) == []
+    assert baseline.uncompared(GPU_BASELINE, now) == ["e2e_p99_s", "ttft_p99_s", "power_watts", "requests_per_s",
+                                                      "output_tokens_per_s", "tokens_per_joule"]
+
+
 async def test_the_jitter_proxy_delays_each_request_within_its_bounds() -> None:
     """Every request through the proxy draws a delay in [min, max] and gets the target's answer."""
     app = web.Application()
