@@ -11,6 +11,7 @@ bounded by ``max_entries`` (client, route, body) keys, the oldest forgotten firs
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -45,15 +46,13 @@ class FastRetryCounter:
     def __init__(self, registry: CollectorRegistry, window_s: float) -> None:
         self._retries = FastRetries(window_s)
         self._count = Counter(FAST_RETRIES.name, FAST_RETRIES.help, FAST_RETRIES.labels, registry=registry)
-        self._models: set[str] = set()
-        """Models whose series exists (bounded as the proxy bounds model labels)."""
+        self._series: dict[str, Any] = {}
+        """Each model's child of the counter, once its series exists (bounded as the proxy bounds model labels):
+        a dict lookup per request instead of prometheus_client's locked ``labels()``."""
 
     def observe(self, record: RequestRecord) -> None:
         """Count the request when it is a fast retry. A model's series is created at 0 by its first request, so that
         Prometheus has a 0 before the first retry: a series that first appears at 1 has no increase to rate()."""
-        if record.model not in self._models:
-            self._models.add(record.model)
-            self._count.labels(record.model)
         if self._retries.is_fast_retry(record):
             self._count.labels(record.model).inc()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -13,6 +15,7 @@ from exporters.records import Outcome, RequestRecord
 from exporters.repeats import RepeatPrompts
 from exporters.tenants import OTHER, UNKNOWN, TenantLabels
 from exporters.usage import UsageAccounting
+from exporters.usage_ledger import Usage
 
 
 class Clock:
@@ -164,3 +167,13 @@ class TestUsageAccounting:
         assert registry.get_sample_value(cat.USAGE_REQUESTS.series, {
             "tenant": "a", "model_name": "m", "pool": "base", "outcome": "ok"}) is None
         assert {key[0] for key in usage.ledger.window(0, 1e9)} == {"a", "other", "b"}
+
+
+@pytest.mark.parametrize("name", [field.name for field in dataclasses.fields(Usage)])
+def test_adding_usage_adds_every_field(name: str) -> None:
+    """Usage.add writes its fields out: a field added to Usage but not to add() would be dropped here."""
+    row, one = Usage(), Usage(**{name: 1})
+    row.add(one)
+    row.add(one)
+    assert getattr(row, name) == 2
+    assert all(getattr(row, other.name) == 0 for other in dataclasses.fields(Usage) if other.name != name)

@@ -9,6 +9,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 from multidict import CIMultiDict
 
@@ -71,6 +72,20 @@ class TestTenancy:
             tenancy.key_prompt({"prompt": "hello"}, "m", record)
             keys.append(record.repeat_key)
         assert keys[0] == keys[1] != keys[2]
+
+    def test_the_body_key_is_the_whole_body_and_the_repeat_key_the_model_and_prompt(self) -> None:
+        """Another max_tokens is another body (fast retries) but the same prompt (repeats); hash after hash, one
+        Tenancy gives the same input the same key."""
+        tenancy = Tenancy(ServeConfig(), CostConfig())
+        records = []
+        for body in ({"prompt": "hello", "max_tokens": 4}, {"prompt": "hello", "max_tokens": 4},
+                     {"prompt": "hello", "max_tokens": 5}):
+            record = _record()
+            tenancy.key_prompt(body, "m", record)
+            tenancy.key_body(orjson.dumps(body), record)
+            records.append(record)
+        assert records[0].repeat_key == records[1].repeat_key == records[2].repeat_key
+        assert records[0].body_key == records[1].body_key != records[2].body_key
 
 
 def _rows() -> dict[tuple[str, str, str], Usage]:
