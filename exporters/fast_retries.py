@@ -53,8 +53,11 @@ class FastRetryCounter:
     def observe(self, record: RequestRecord) -> None:
         """Count the request when it is a fast retry. A model's series is created at 0 by its first request, so that
         Prometheus has a 0 before the first retry: a series that first appears at 1 has no increase to rate()."""
+        series = self._series.get(record.model)
+        if series is None:
+            series = self._series[record.model] = self._count.labels(record.model)
         if self._retries.is_fast_retry(record):
-            self._count.labels(record.model).inc()
+            series.inc()
 
 
 __all__ = ["FastRetries", "FastRetryCounter"]
