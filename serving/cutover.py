@@ -11,7 +11,7 @@ Nothing here ever blocks or fails a request: a probe that fails leaves the last 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -26,7 +26,7 @@ from exporters.records import RequestRecord
 from exporters.text_class import text_class
 from exporters.tokenizer_drift import PROBE_TEXTS, fingerprint
 from serving.config import ServeConfig
-from serving.proxy import RequestDescriber, prompt_strings
+from serving.proxy import RequestDescriber
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +69,9 @@ def request_describer(config: ServeConfig) -> RequestDescriber:
     client_header = config.client_header
     threshold = config.emoji_dense_threshold
 
-    def describe(record: RequestRecord, headers: Mapping[str, str], payload: dict[str, Any] | None) -> None:
+    def describe(
+        record: RequestRecord, headers: Mapping[str, str], payload: dict[str, Any] | None, texts: Sequence[str],
+    ) -> None:
         client = headers.get(client_header) or headers.get("User-Agent")
         if client:
             record.client = client[:MAX_NAME_CHARS]
@@ -78,7 +80,7 @@ def request_describer(config: ServeConfig) -> RequestDescriber:
         model = payload.get("model")
         if isinstance(model, str):
             record.requested_model = model[:MAX_NAME_CHARS]
-        record.text_class = text_class(prompt_strings(payload), threshold)
+        record.text_class = text_class(texts, threshold)  # the proxy's one walk of the prompt: Outgoing.texts
 
     return describe
 

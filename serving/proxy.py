@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -71,8 +71,9 @@ _PROBLEMS = {
 Observer = Callable[[RequestRecord, Span], None]
 FinishHook = Callable[[RequestRecord, Callable[[], None]], None]
 """Called with a finished request and the call that runs its observers and ends its span (engine stats)."""
-RequestDescriber = Callable[[RequestRecord, Mapping[str, str], dict[str, Any] | None], None]
-"""Called once a request's body is read, with its headers and decoded generation payload (None for others)."""
+RequestDescriber = Callable[[RequestRecord, Mapping[str, str], dict[str, Any] | None, Sequence[str]], None]
+"""Called once a request's body is read, with its headers, decoded generation payload (None for others) and the
+prompt's text pieces (:attr:`Outgoing.texts`)."""
 
 
 def engine_attributes(engine: EngineRequestStats) -> dict[str, float | int]:
@@ -143,13 +144,14 @@ def _seconds_left(deadline_ns: int) -> float:
     return max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
 
 
-def prompt_hash(payload: dict[str, Any], record: RequestRecord) -> None:
-    """Store a short SHA-256 of the prompt (or messages) and its length in characters, never the text."""
+def prompt_hash(payload: dict[str, Any], record: RequestRecord, texts: Sequence[str]) -> None:
+    """Store a short SHA-256 of the prompt (or messages) and its length in characters (of ``texts``, its
+    :func:`prompt_strings`), never the text."""
     prompt = payload.get("messages", payload.get("prompt"))
     if prompt is None:
         return
     record.prompt_hash = hashlib.sha256(orjson.dumps(prompt)).hexdigest()[:16]
-    record.prompt_chars = sum(map(len, prompt_strings(payload)))
+    record.prompt_chars = sum(map(len, texts))
 
 
 @dataclass(slots=True)
@@ -162,6 +164,8 @@ class Outgoing:
     stream: bool = False
     client_usage: bool = False
     client_continuous: bool = False
+    texts: Sequence[str] = ()
+    """The prompt's text pieces (:func:`prompt_strings`), read once after normalization: its length and text class."""
 
 
 @dataclass
@@ -273,7 +277,7 @@ class Proxy:
             admission.check_signature(request, body)
             outgoing = self._prepare(request.method, record, body)
             if self._describe_request is not None:  # client, requested model, text class: serving/cutover.py
-                self._describe_request(record, request.headers, outgoing.payload)
+                self._describe_request(record, request.headers, outgoing.payload, outgoing.texts)
             admission.check_shedding(outgoing.model, request.headers)
             upstream = self._choose(request, outgoing, record) if self.choice.active else self.choice.main
         except Refusal as refusal:
@@ -288,7 +292,7 @@ class Proxy:
         if outgoing.payload is not None and self._live_usage and outgoing.model:
             if not self._exact_usage:
                 if record.prompt_chars is None:  # prompt_hash may have counted them already
-                    record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
+                    record.prompt_chars = sum(map(len, outgoing.texts))
                 record.prompt_tokens_estimate = self._prompt_sizes.estimate(outgoing.model, record.prompt_chars)
                 if not outgoing.stream:  # a stream enters the table with its chunk counter
                     self._inflight.track(record.span_id, outgoing.model, record.prompt_tokens_estimate)
@@ -329,8 +333,9 @@ class Proxy:
             changed = True
             if self._on_normalized is not None:
                 self._on_normalized()
+        outgoing.texts = prompt_strings(payload)  # after normalization; one walk for every reader
         if self._capture_prompt_hash:
-            prompt_hash(payload, record)  # after normalization: one text, one hash
+            prompt_hash(payload, record, outgoing.texts)  # after normalization: one text, one hash
         if self._tenancy is not None:
             self._tenancy.key_prompt(payload, outgoing.model, record)  # salted, for the repeat-prompt estimate
             self._tenancy.key_body(body, record)  # salted, for fast retries (exporters/fast_retries.py)
@@ -376,7 +381,7 @@ class Proxy:
             Refusal: a long prompt while the long lane is down, with serve.long_prompt_fallback = refuse.
         """
         if outgoing.payload is not None and record.prompt_chars is None:
-            record.prompt_chars = sum(map(len, prompt_strings(outgoing.payload)))
+            record.prompt_chars = sum(map(len, outgoing.texts))
         upstream, changed = self.choice.choose(request, outgoing.payload, record)
         if changed:
             outgoing.body = orjson.dumps(outgoing.payload)
