@@ -23,9 +23,12 @@ def _path(value: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ScrapeConfig:
-    """Section ``[scrape]``: how the sidecar reads the upstream's ``/metrics``."""
+    """Section ``[scrape]``: how the sidecar reads each upstream's ``/metrics`` (main, long lane, canary, shadow)."""
 
-    enabled: bool = setting(True, "Scrape the upstream's /metrics and export the derived engine signals.")
+    enabled: bool = setting(
+        True, "Scrape the upstream's /metrics (and each extra upstream's: long lane, canary, shadow) and export "
+        "the derived engine signals.",
+    )
     interval_s: float = setting(5.0, "Seconds between scrapes of the upstream's /metrics.", check=positive)
     timeout_s: float = setting(3.0, "Seconds before a scrape of the upstream is abandoned.", check=positive)
     path: str = setting("/metrics", "Path of the upstream's Prometheus endpoint.", check=_path)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from exporters.catalog import engine as ce
 from exporters.catalog import vllm as cv
 from log_pipeline.query import Archive
 from tests.conftest import engine_stats_address, require
@@ -105,7 +106,8 @@ def _lane(
     work = tmp_path_factory.mktemp("lane")
     sidecar = _sidecar(vllm_server.base_url, work, "--serve-long-prompt-upstream", second_vllm_server.base_url,
                        "--serve-long-prompt-tokens", "64", "--serve-pass-priority", "true",
-                       "--serve-engine-stats-listen", engine_stats_address(second_vllm_server, 0))
+                       "--serve-engine-stats-listen", engine_stats_address(second_vllm_server, 0),
+                       "--scrape-enabled", "true", "--scrape-interval-s", "1")  # both engines, scraped
     yield sidecar, work / "logs"
     sidecar.stop()
 
@@ -142,14 +144,50 @@ def test_long_prompts_reach_the_long_lane_and_short_ones_never(
     assert _metric(sidecar.base_url, f"{name}_sum") == pytest.approx(sum(ratios), rel=1e-6)
 
 
+def _exposition(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_the_sidecar_scrapes_each_engine_and_serves_the_long_lanes_apart(
+    lane: tuple[servers.SidecarServer, Path], vllm_server: servers.VllmServer,
+    second_vllm_server: servers.VllmServer,
+) -> None:
+    """At a quiet moment, /metrics/upstream?name=long holds the second vLLM's generated-token count as its own
+    /metrics says it, and the sidecar's /metrics the first vLLM's; the two counts differ."""
+    sidecar, _logs = lane
+    for prompt, tokens in ((LONG_PROMPT, 3), (SHORT_PROMPT, 5)):  # each engine generates something of its own
+        assert _post(sidecar.base_url, {"prompt": prompt, "max_tokens": tokens, "ignore_eos": True})[0] == 200
+    own, ours = cv.GENERATION_TOKENS.series, ce.ENGINE_GENERATION_TOKENS.series
+    long_url = f"{sidecar.base_url}/metrics/upstream?name=long"
+
+    def counts() -> dict[str, tuple[float, float]]:  # engine: (its own count, the sidecar's)
+        return {"first": (_metric(vllm_server.base_url, own), _metric(sidecar.base_url, ours, model_name=MODEL)),
+                "second": (_metric(second_vllm_server.base_url, own),
+                           sample_sum(_exposition(long_url), ours, model_name=MODEL))}
+
+    wait_for(lambda: all(a == b for a, b in counts().values()), "the sidecar's counts at the engines' own", counts)
+    found = counts()
+    assert found["first"][0] != found["second"][0]
+    long_text = _exposition(long_url)
+    assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=second_vllm_server.base_url) == 1.0
+    assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=vllm_server.base_url) == 0.0
+
+
 def test_long_prompts_go_to_the_main_upstream_while_the_lane_is_down(
     vllm_server: servers.VllmServer, tmp_path: Path,
 ) -> None:
     """A long lane on a closed port: the long prompt is answered by the first server (its own count), counted
-    as a fallback, its record says why."""
-    sidecar = _sidecar(vllm_server.base_url, tmp_path, "--serve-long-prompt-upstream", _closed_port_url(),
-                       "--serve-long-prompt-tokens", "64")
+    as a fallback, its record says why; the lane's scrape reads up 0 and stale, with no engine series."""
+    closed = _closed_port_url()
+    sidecar = _sidecar(vllm_server.base_url, tmp_path, "--serve-long-prompt-upstream", closed,
+                       "--serve-long-prompt-tokens", "64", "--scrape-enabled", "true")
     try:
+        lane_text = _exposition(f"{sidecar.base_url}/metrics/upstream?name=long")
+        assert (sample_sum(lane_text, ce.SCRAPE_UP.series, upstream=closed),
+                sample_sum(lane_text, ce.SCRAPE_STALE.series, upstream=closed)) == (0.0, 1.0)
+        assert [spec.series for spec in ce.ENGINE_SERIES if spec.series in lane_text] == []
+        assert f"\n{ce.KV_USAGE.series}{{" in _exposition(f"{sidecar.base_url}/metrics")  # the main engine's
         before = _finished(vllm_server)
         status, _answer, trace = _post(sidecar.base_url, {"prompt": LONG_PROMPT, "max_tokens": 2})
         assert status == 200
