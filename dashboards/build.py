@@ -78,13 +78,18 @@ def explain_link(config: DashboardConfig) -> list[dict[str, str]]:
 
 def sidecar_datasource(config: DashboardConfig) -> list[dict[str, Any]]:
     """The Infinity data source the slowest-requests table reads the sidecar's ``/admin/requests`` through, allowed
-    to reach the explain base URL only (none without a base URL)."""
+    to reach the explain base URL only, with the admin bearer token when a token file is configured (none without
+    a base URL)."""
     if not config.explain_base_url:
         return []
-    return [{
+    source: dict[str, Any] = {
         "name": "inferwatch sidecar", "type": explain.INFINITY_TYPE, "uid": explain.INFINITY_UID, "access": "proxy",
         "editable": False, "jsonData": {"allowedHosts": [explain.base_url(config)]},
-    }]
+    }
+    if config.explain_token_file:  # the /admin bearer token, which Grafana reads from the file when it starts
+        source["jsonData"]["auth_method"] = "bearerToken"
+        source["secureJsonData"] = {"bearerToken": f"$__file{{{config.explain_token_file}}}"}
+    return [source]
 
 
 def datasources(config: DashboardConfig) -> dict[str, Any]:

@@ -59,9 +59,18 @@ class DashboardConfig:
     )
     explain_base_url: str = setting(
         "", "Base URL of the sidecar (or a proxy in front of its /admin) that the latency panels' exemplars also "
-        "link to: 'Explain this request' opens BASE/admin/requests/TRACE_ID (inferwatch explain's JSON). Empty: "
-        "no such link. The /admin access rule applies: loopback, or a proxy that adds the bearer token.",
+        "link to: 'Explain this request' opens BASE/admin/requests/TRACE_ID (inferwatch explain's JSON). Set, the "
+        "SLO board also gets a 'Slowest requests' table that Grafana reads from BASE/admin/requests through the "
+        "Infinity data source (provisioned with the boards; the plugin yesoreyeram-infinity-datasource must be "
+        "installed), each trace id a link to its explanation. Empty: neither. The /admin access rule applies: "
+        "loopback, or the bearer token (dashboards.explain_token_file for Grafana's requests; a proxy that adds it "
+        "for the links a browser opens).",
         check=_empty_or_http_url,
+    )
+    explain_token_file: str = setting(
+        "", "Path, inside Grafana, of a file holding the sidecar's admin bearer token (what serve.admin_token_file "
+        "holds): the provisioned Infinity data source sends it to the explain base URL (read by Grafana at start, "
+        "$__file{PATH}). Empty: no token (Grafana must then reach the sidecar on loopback).",
     )
     sidecar_job: str = setting("inferwatch", "Prometheus job name that scrapes the sidecar.")
     vllm_job: str = setting("vllm", "Prometheus job name that scrapes vLLM directly.")

@@ -68,6 +68,16 @@ def test_the_slowest_requests_table_needs_the_explain_base_url() -> None:
     *_, sidecar = datasources(_with_base())["datasources"]
     assert (sidecar["type"], sidecar["uid"]) == (explain.INFINITY_TYPE, explain.INFINITY_UID)
     assert sidecar["jsonData"]["allowedHosts"] == [BASE]
+    assert "secureJsonData" not in sidecar
+
+
+def test_the_sidecar_datasource_sends_the_admin_token_from_its_file() -> None:
+    """With dashboards.explain_token_file, Grafana sends the file's token as the bearer token of /admin."""
+    config = from_mapping(DashboardConfig, {"explain_base_url": BASE, "explain_token_file": "/run/secrets/admin"},
+                          "dashboards")
+    *_, sidecar = datasources(config)["datasources"]
+    assert sidecar["jsonData"]["auth_method"] == "bearerToken"
+    assert sidecar["secureJsonData"] == {"bearerToken": "$__file{/run/secrets/admin}"}
 
 
 def test_the_slowest_requests_table_reads_the_sidecar_and_links_each_trace() -> None:
