@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -142,6 +142,12 @@ def without_prompt_text(message: str, payload: dict[str, Any] | None) -> str:
 def _seconds_left(deadline_ns: int) -> float:
     """Seconds until ``deadline_ns`` (perf_counter_ns), never negative: one total limit across the request's phases."""
     return max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9)
+
+
+async def _within_deadline(sending: Awaitable[UpstreamConnection], deadline_ns: int) -> UpstreamConnection:
+    """Await ``sending`` within what is left of the request's deadline."""
+    async with asyncio.timeout(_seconds_left(deadline_ns)):
+        return await sending
 
 
 def prompt_hash(payload: dict[str, Any], record: RequestRecord, texts: Sequence[str]) -> None:
@@ -387,15 +393,13 @@ class Proxy:
             outgoing.body = orjson.dumps(outgoing.payload)
         return upstream
 
-    async def _connect(
+    def _connect(
         self, request: Exchange, target: Upstream, headers: dict[str, str], body: bytes | None, deadline_ns: int | None,
-    ) -> UpstreamConnection:
-        """Send the request to ``target`` and wait for its status line, within the request's deadline."""
+    ) -> Awaitable[UpstreamConnection]:
+        """Send the request to ``target``: what to await for its status line, within the request's deadline (no
+        coroutine of its own around the pool's without a deadline, the default: one frame fewer a request)."""
         sending = target.pool.request(request.method, request.path_qs, headers, body, self._read_timeout_s)
-        if deadline_ns is None:
-            return await sending
-        async with asyncio.timeout(_seconds_left(deadline_ns)):
-            return await sending
+        return sending if deadline_ns is None else _within_deadline(sending, deadline_ns)
 
     async def _send(
         self, request: Exchange, record: RequestRecord, span: Span, start_ns: int, outgoing: Outgoing,
