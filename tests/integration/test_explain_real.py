@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import math
 import socket
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import vllm as cv
-from exporters.explain import CACHED_SHARE_HIT
+from exporters.explain import CACHED_SHARE_HIT, ROW_CONTEXT_FIELDS
 from log_pipeline.query import Archive
 from tests.conftest import engine_stats_address, require
 from tests.harness import servers
@@ -58,6 +60,37 @@ async def _stream(session: aiohttp.ClientSession, base: str, max_tokens: int, tr
         await response.read()
         assert response.status == 200
         return response.headers["x-trace-id"], (time.perf_counter() - began) * 1000
+
+
+async def _stream_timeline(session: aiohttp.ClientSession, base: str, max_tokens: int,
+                           ) -> tuple[str, int, list[tuple[float, int]]]:
+    """Send a stream asking for its usage and each token's logprob: its trace id, the prompt tokens of the usage vLLM
+    returned, and for each chunk with tokens when the client read it (perf_counter) and how many tokens it held."""
+    body = {"model": "tiny-llm", "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "logprobs": 0}
+    chunks: list[tuple[float, int]] = []
+    prompt = None
+    async with session.post(f"{base}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=300)) as response:
+        assert response.status == 200
+        async for line in response.content:  # one SSE line at a time, as it arrives
+            now = time.perf_counter()
+            if not line.startswith(b"data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                prompt = event["usage"]["prompt_tokens"]
+            tokens = sum(len((choice.get("logprobs") or {}).get("tokens") or ()) for choice in event["choices"])
+            if tokens:
+                chunks.append((now, tokens))
+        assert prompt is not None, "vLLM's usage chunk never came"
+        return response.headers["x-trace-id"], prompt, chunks
+
+
+def _recomputed_by_the_client(prompt: int, chunks: list[tuple[float, int]], preemptions: int) -> int:
+    """The prompt and the tokens the client had received before each of its ``preemptions`` largest gaps between
+    chunks, once per preemption: what vLLM prefills again when it resumes a request it preempted."""
+    gaps = sorted(range(len(chunks) - 1), key=lambda i: chunks[i][0] - chunks[i + 1][0])[:preemptions]
+    return sum(prompt + sum(tokens for _t, tokens in chunks[:i + 1]) for i in gaps)
 
 
 async def _explained(session: aiohttp.ClientSession, base: str, trace_id: str) -> dict[str, Any]:
@@ -111,7 +144,9 @@ async def test_preempted_requests_say_so_with_vllms_own_count(
     idle_tiny_kv_server: servers.VllmServer, tmp_path: Path
 ) -> None:
     """Eight long streams on 65 KV blocks: each preempted request names preempted, with a count; the counts
-    add up to the rise of vLLM's own vllm:num_preemptions_total."""
+    add up to the rise of vLLM's own vllm:num_preemptions_total. Its recomputed tokens are at most the prompt (the
+    usage vLLM returned) and the tokens the client had received before each of its own largest stalls, one stall
+    per preemption: each request's figure equals that sum the client worked out from its own clock and tokens."""
     server = idle_tiny_kv_server
     sidecar = servers.start_sidecar(server.base_url, tmp_path, [
         "--serve-engine-stats-listen", str(server.engine_stats), "--scrape-enabled", "false",
@@ -119,15 +154,21 @@ async def test_preempted_requests_say_so_with_vllms_own_count(
     try:
         preempted_before = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series)
         async with aiohttp.ClientSession() as session:
-            answers = await asyncio.gather(*(_stream(session, sidecar.base_url, 300) for _ in range(8)))
-            explanations = [await _explained(session, sidecar.base_url, trace_id) for trace_id, _ in answers]
+            answers = await asyncio.gather(*(_stream_timeline(session, sidecar.base_url, 300) for _ in range(8)))
+            explanations = [await _explained(session, sidecar.base_url, trace_id) for trace_id, _, _ in answers]
         preempted = sample_sum(server.metrics_text(), cv.NUM_PREEMPTIONS.series) - preempted_before
         assert preempted > 0, "the storm must preempt for the check to mean anything"
         counted = 0
-        for explanation in explanations:
+        for explanation, (_trace, prompt, chunks) in zip(explanations, answers, strict=True):
             causes = {c["cause"]: c for c in explanation["causes"]}
             if explanation["preemptions"]:
-                assert causes["preempted"]["evidence"]["preemptions"] == explanation["preemptions"]
+                evidence = causes["preempted"]["evidence"]
+                assert evidence["preemptions"] == explanation["preemptions"]
+                print(evidence, [round((b[0] - a[0]) * 1000) for a, b in itertools.pairwise(chunks)
+                                 if b[0] - a[0] > 0.1], sum(t for _t, t in chunks))
+                assert evidence["recomputed_tokens_basis"] == "stalls"
+                assert evidence["recomputed_tokens_at_most"] == _recomputed_by_the_client(
+                    prompt, chunks, explanation["preemptions"])
                 counted += explanation["preemptions"]
             else:
                 assert "preempted" not in causes
@@ -359,7 +400,10 @@ async def test_the_context_from_prometheus_is_the_engines_state_at_the_requests_
     """A real Prometheus scraping vLLM and the sidecar every 0.5 s while six streams share vLLM's two seats:
     explained with --prometheus, the most-queued request's context comes from Prometheus, running up to 2 and
     waiting up to what vLLM's own gauges showed (at least 1; deferred as its by-reason gauge showed), the sidecar's
-    in-flight requests between 2 and the 6 sent, and its cause stays queue_full_batch with the same queue time."""
+    in-flight requests between 2 and the 6 sent, and its cause stays queue_full_batch with the same queue time.
+    --slowest --prometheus over a span that covers them lists the six, each with Prometheus's context: running 2 as
+    vLLM's gauge peaked (all six began with both seats taken), waiting no more than its gauge showed, and the
+    most-queued request's context the one its own explanation read."""
     prometheus = prometheus_factory(  # as deployed: vLLM's own series from vLLM, the sidecar's from the sidecar
         "global: {scrape_interval: 500ms}\nscrape_configs:\n"
         f"  - {{job_name: inferwatch, static_configs: [{{targets: ['127.0.0.1:{batch_sidecar.port}']}}]}}\n"
@@ -367,6 +411,7 @@ async def test_the_context_from_prometheus_is_the_engines_state_at_the_requests_
     server = second_vllm_server
     server.wait_idle()
     await _scraping(prometheus, 2)
+    began = time.time()
     done = asyncio.Event()
     watching = asyncio.create_task(_vllm_peaks(server, done))
     async with aiohttp.ClientSession() as session:
@@ -392,6 +437,20 @@ async def test_the_context_from_prometheus_is_the_engines_state_at_the_requests_
     assert _phase(again, "engine_queue") == _phase(worst, "engine_queue")
     print(explain_cli(worst["trace_id"], "--sidecar", batch_sidecar.base_url, "--prometheus",
                       prometheus.base_url).stdout)
+    # the span since the six began and a margin for the command's start: the module's earlier requests may be in it
+    listing = ("--slowest", "20", "--since", f"{math.ceil(time.time() - began) + 5}s", "--sidecar",
+               batch_sidecar.base_url, "--prometheus", prometheus.base_url)
+    listed = explain_cli(*listing, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["trace_id"]: row["context"] for row in json.loads(listed.stdout)["requests"]}
+    ours = {trace_id for trace_id, _ in answers}
+    assert ours <= set(rows)
+    assert rows[worst["trace_id"]] == {key: context[key] for key in ROW_CONTEXT_FIELDS}
+    for row in (rows[trace_id] for trace_id in ours):
+        assert row["source"] == "prometheus"
+        assert row["running_max"] == peaks["running"]
+        assert row["waiting_max"] <= peaks["waiting"]
+    print(explain_cli(*listing).stdout)
 
 
 async def _ready(session: aiohttp.ClientSession, sidecar: servers.SidecarServer) -> bool:
