@@ -12,11 +12,13 @@ developer's machine they explore new examples each run.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -91,33 +93,79 @@ def engine_stats_address(server: servers.VllmServer, index: int = 0) -> str:
     return str(server.engine_stats).split(",")[index]
 
 
+ROOMY_KV_BLOCKS = 1024
+"""The KV cache of the regular and the second vLLM: 32768 tokens, room for 8 sequences of the full 2048-token
+context, so neither preempts. vLLM-CPU's default, 1 GiB (8192 blocks), took up to 10 s of each start to allocate
+here (0.06 s for these 128 MiB), in five starts a session."""
+
+VllmStart = Future[servers.VllmServer]
+"""A vLLM server starting in a thread of its own (:func:`_starting`)."""
+
+
+@contextlib.contextmanager
+def _starting(start: Callable[[], servers.VllmServer]) -> Iterator[VllmStart]:
+    """Run ``start`` in a thread of its own; when the session ends (also when a test failed or the session was
+    interrupted) wait for the start to be over and stop the server by its pid."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-start")
+    future = pool.submit(start)
+    pool.shutdown(wait=False)
+    try:
+        yield future
+    finally:
+        if future.exception() is None:  # a failed start stopped its process already (launcher.launch)
+            future.result().stop()
+
+
+def _ready(request: pytest.FixtureRequest, start: VllmStart) -> servers.VllmServer:
+    """Begin the start of every session vLLM server that the session's tests need, then wait for ``start``.
+
+    The servers start side by side: a start is mostly one Python process importing vLLM and torch after another
+    (API server, engine core, worker), one core each, so on two cores three starts together take about half as
+    long as one after another. A start whose set-up fails (a model that cannot be built) fails or skips the tests
+    that need it, not this one."""
+    needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ())} & set(VLLM_STARTS)
+    for name in sorted(needed):
+        with contextlib.suppress(pytest.skip.Exception, pytest.fail.Exception):
+            request.getfixturevalue(name)
+    return require(start.result)
+
+
 @pytest.fixture(scope="session")
-def vllm_server(
+def _vllm_server_start(
     tiny_model_dir: Path, otlp_receiver: OtlpReceiver, engine_stats_plugin: None,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[servers.VllmServer]:
-    """A real vLLM-CPU server (8192 KV blocks of 32 tokens) exporting its spans to ``otlp_receiver`` and
-    its per-request engine numbers (the stat-logger plugin) to three addresses: ``sidecar`` listens on the first."""
+) -> Iterator[VllmStart]:
     work = tmp_path_factory.mktemp("vllm")
-    server = require(
-        lambda: servers.start_vllm(tiny_model_dir, work, otlp_traces_endpoint=otlp_receiver.endpoint,
-                                   engine_stats=",".join(_engine_stats_address() for _ in range(3)))
-    )
-    yield server
-    server.stop()
+    engine_stats = ",".join(_engine_stats_address() for _ in range(3))
+    with _starting(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=ROOMY_KV_BLOCKS,
+                                              otlp_traces_endpoint=otlp_receiver.endpoint,
+                                              engine_stats=engine_stats)) as start:
+        yield start
 
 
 @pytest.fixture(scope="session")
-def vllm_tiny_kv_server(
+def vllm_server(request: pytest.FixtureRequest, _vllm_server_start: VllmStart) -> servers.VllmServer:
+    """A real vLLM-CPU server (``ROOMY_KV_BLOCKS`` KV blocks of 32 tokens) exporting its spans to ``otlp_receiver`` and
+    its per-request engine numbers (the stat-logger plugin) to three addresses: ``sidecar`` listens on the first."""
+    return _ready(request, _vllm_server_start)
+
+
+@pytest.fixture(scope="session")
+def _vllm_tiny_kv_server_start(
     tiny_model_dir: Path, engine_stats_plugin: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[servers.VllmServer]:
+) -> Iterator[VllmStart]:
+    work = tmp_path_factory.mktemp("vllm-tiny-kv")
+    engine_stats = _engine_stats_address()
+    with _starting(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=65,
+                                              engine_stats=engine_stats)) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_kv_server(request: pytest.FixtureRequest, _vllm_tiny_kv_server_start: VllmStart) -> servers.VllmServer:
     """A real vLLM-CPU server with a 65-block KV cache, easy to drive into preemption; its stat-logger
     plugin sends to ``engine_stats`` (a sidecar in front of it may listen there)."""
-    work = tmp_path_factory.mktemp("vllm-tiny-kv")
-    server = require(lambda: servers.start_vllm(tiny_model_dir, work, num_gpu_blocks_override=65,
-                                                engine_stats=_engine_stats_address()))
-    yield server
-    server.stop()
+    return _ready(request, _vllm_tiny_kv_server_start)
 
 
 @pytest.fixture(scope="session")
@@ -127,21 +175,29 @@ def second_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def second_vllm_server(
+def _second_vllm_server_start(
     second_model_dir: Path, engine_stats_plugin: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[servers.VllmServer]:
+) -> Iterator[VllmStart]:
+    work = tmp_path_factory.mktemp("vllm-second")
+    engine_stats = ",".join(_engine_stats_address() for _ in range(3))
+    with _starting(lambda: servers.start_vllm(second_model_dir, work, max_num_seqs=2, engine_stats=engine_stats,
+                                              num_gpu_blocks_override=ROOMY_KV_BLOCKS,
+                                              extra_args=["--scheduling-policy", "priority"])) as start:
+        yield start
+
+
+@pytest.fixture(scope="session")
+def second_vllm_server(request: pytest.FixtureRequest, _second_vllm_server_start: VllmStart) -> servers.VllmServer:
     """The one second real vLLM-CPU server, for the tests that need two upstreams (long-prompt lane,
     canary, shadow, tokenizer drift) and a batch that fills at once: the second tiny model served under
     the same name ``tiny-llm`` (a new version of it: its answers and its tokenizer differ), with
     ``--max-num-seqs 2`` and ``--scheduling-policy priority``. Its stat-logger plugin sends to three
     addresses (``engine_stats_address(second_vllm_server, i)``), one per sidecar put in front of it."""
-    work = tmp_path_factory.mktemp("vllm-second")
-    server = require(lambda: servers.start_vllm(
-        second_model_dir, work, max_num_seqs=2, extra_args=["--scheduling-policy", "priority"],
-        engine_stats=",".join(_engine_stats_address() for _ in range(3)),
-    ))
-    yield server
-    server.stop()
+    return _ready(request, _second_vllm_server_start)
+
+
+VLLM_STARTS = ("_vllm_server_start", "_vllm_tiny_kv_server_start", "_second_vllm_server_start")
+"""The session vLLM servers' start fixtures, which :func:`_ready` begins together."""
 
 
 @pytest.fixture
