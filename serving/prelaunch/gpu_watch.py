@@ -57,9 +57,12 @@ class GpuReadings:
         if not any(value for s in served for _, value in s[GPU_EXPORTER_UP.series]):
             return GpuProfile(None, None, None, 0, 0, (f"the sidecar at {metrics_url} has no NVML "
                                                        f"({GPU_EXPORTER_UP.series} 0: no GPU driver there)",))
+        gpus = max(len(_up(s)) for s in served)
+        if not gpus:
+            return GpuProfile(None, None, None, 0, 0, (f"the sidecar at {metrics_url} reports no GPU up "
+                                                       f"({GPU_UP.series})",))
         sums = [sum(v for _, v in s[GPU_POWER.series]) for s in served if _complete(s, GPU_POWER.series)]
         temperatures = [v for s in served for _, v in s.get(GPU_TEMPERATURE.series, [])]
-        gpus = max(len(_up(s)) for s in served)
         missing = tuple(_why_missing(served, name) for name, have in ((GPU_POWER.series, sums),
                                                                        (GPU_TEMPERATURE.series, temperatures))
                         if not have)
@@ -84,7 +87,7 @@ def _why_missing(served: list[dict[str, Samples]], name: str) -> str:
                           if lb.get("call") == call and v > 0})
     reason = (f"NVML does not support {call} on GPU {', '.join(unsupported)}" if unsupported else
               f"{call} gave nothing (see inferwatch_gpu_exporter_errors)")
-    return f"{name} missing for GPU {', '.join(gpus) or '?'}: {reason}"
+    return f"{name} missing for GPU {', '.join(gpus)}: {reason}"
 
 
 class GpuWatch:

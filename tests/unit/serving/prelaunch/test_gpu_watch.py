@@ -18,11 +18,12 @@ from tests.fakes.nvml import FakeNvml
 Exposition = Callable[[], bytes]
 
 
-def _exposition(fake: FakeNvml | None) -> Exposition:
-    """What the sidecar's /metrics shows of the fake's GPUs (read anew at each scrape); None: no NVML."""
+def _exposition(fake: FakeNvml | None, *, nvml: bool = True) -> Exposition:
+    """What the sidecar's /metrics shows of the fake's GPUs (read anew at each scrape); None: no GPU reading yet,
+    or no NVML at all (``nvml`` False)."""
     registry = CollectorRegistry()
     if fake is None:
-        register_collectors(registry, GpuCollector(lambda: None, lambda: False))
+        register_collectors(registry, GpuCollector(lambda: None, lambda: nvml))
     else:
         reader = NvmlReader(fake)
         reader.open()
@@ -88,9 +89,16 @@ async def test_a_gpu_without_power_leaves_no_power_and_says_why(fake: FakeNvml) 
 
 async def test_no_nvml_and_no_sidecar_are_named() -> None:
     """A sidecar without NVML says so; a /metrics without GPU series (vLLM's own) points at --metrics-url."""
-    none = await _watch(_exposition(None))
+    none = await _watch(_exposition(None, nvml=False))
     assert (none.power_watts, none.temperature_celsius_max) == (None, None)
     assert "has no NVML (inferwatch_gpu_exporter_up 0" in none.missing[0]
     other = await _watch(lambda: b"vllm:num_requests_running 0\n")
     assert "serves no GPU series" in other.missing[0]
     assert "--metrics-url" in other.missing[0]
+
+
+async def test_nvml_without_a_gpu_reading_says_so() -> None:
+    """NVML is up but the sidecar has read no GPU (none found, or its first reading not taken yet)."""
+    profile = await _watch(_exposition(None))
+    assert (profile.power_watts, profile.gpus) == (None, 0)
+    assert "reports no GPU up (inferwatch_gpu_up)" in profile.missing[0]
