@@ -6,8 +6,9 @@ sidecar and itself every second and evaluating the built rules every second, and
 Alertmanager receiving its notifications. Each target runs the way Grafana would run it (a range
 query over the test's window, or an instant query) with the template variables at "All"; every
 one must succeed and return at least one series (panels of KV offloading, which vLLM-CPU cannot run,
-only succeed). The request, token and preemption panels must also count what the client sent and
-received and what vLLM counted itself.
+only succeed). The request, token, preemption, fast-retry and 32k-class panels must also count what the
+client sent and received and what vLLM counted itself, and the slowest-requests table (a board built with
+the sidecar as ``dashboards.explain_base_url``) must get rows from the sidecar whose links open explanations.
 
 Grafana's ``$__rate_interval`` is max(4 x scrape interval, step + scrape interval); with 1 s
 scrapes and 1 s steps that is 4 s, and 5 s is used. The SLO period and burn-rate windows (30d, 3d,
@@ -31,6 +32,8 @@ import pytest
 
 from alert_rules.build import outputs as rule_outputs
 from alert_rules.config import RulesConfig
+from alert_rules.intervene import context_32k_bucket
+from dashboards import explain
 from dashboards import queries as q
 from dashboards.build import dashboards
 from dashboards.config import DashboardConfig
@@ -38,6 +41,7 @@ from dashboards.queries import Query
 from exporters.catalog import engine, request
 from exporters.catalog import vllm as cv
 from exporters.configuring import from_mapping
+from exporters.records import DEFAULT_LENGTH_EDGES
 from tests.conftest import engine_stats_address, require
 from tests.harness import servers
 from tests.harness.exposition import sample_sum
@@ -50,6 +54,10 @@ READY_DEADLINE_S = 150.0
 MIN_LOAD_S = 30.0
 """The load runs at least this long, so that rate()'s extrapolation at a window's edges (at most 1.1 scrape
 intervals at each end) stays small against the window the counting checks run over."""
+CLASS_32K = context_32k_bucket(DEFAULT_LENGTH_EDGES)
+LONG_PROMPT_TOKENS = 23_000
+"""The sidecar's estimate aimed at for the prompt of the 32k class (16,384 < it <= 32,768 by the default edges,
+with room for the estimate's drift either way): far over the tiny model's context, which refuses it."""
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, int]]:
@@ -100,6 +108,10 @@ class Load:
         self.answered = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.tokens_per_char: list[float] = []
+        """Each answered request's prompt tokens per prompt character: what the sidecar's estimate learns."""
+        self.fast_retries = 0
+        self.long_prompts = 0
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(LOAD_WORKERS)]
 
@@ -113,17 +125,18 @@ class Load:
         for thread in self.threads:
             thread.join(timeout=90)
 
-    def _count_sent(self) -> None:
+    def _count_sent(self) -> int:
         with self.lock:
             self.sent += 1
+            return self.sent
 
     def _run(self, worker: int) -> None:
         rng = random.Random(worker)
         while not self.stop.is_set():
-            self._count_sent()
+            number = self._count_sent()
             words = rng.choice((8, 64, 700))  # three length buckets below the model's 2048 tokens
-            body: dict[str, Any] = {
-                "model": self.model, "prompt": "hello " * words, "max_tokens": rng.choice((8, 32, 64)),
+            body: dict[str, Any] = {  # each prompt its own (numbered): no two are one client's fast retry
+                "model": self.model, "prompt": f"{number} " + "hello " * words, "max_tokens": rng.choice((8, 32, 64)),
                 "temperature": 0, "stream": rng.random() < 0.7,
             }
             if body["stream"]:
@@ -132,12 +145,35 @@ class Load:
             if rng.random() < 0.05:
                 self._send({**body, "model": "no-such-model"})
 
-    def _send(self, body: dict[str, Any]) -> None:
+    def _send(self, body: dict[str, Any]) -> int:
         status, usage = _post(f"{self.base_url}/v1/completions", body)
         with self.lock:
             self.answered += status > 0
             self.prompt_tokens += usage.get("prompt_tokens", 0)
             self.completion_tokens += usage.get("completion_tokens", 0)
+            if usage.get("prompt_tokens"):
+                self.tokens_per_char.append(usage["prompt_tokens"] / len(body["prompt"]))
+        return status
+
+    def send_fast_retry_and_long_prompt(self, deadline_s: float = 60.0) -> int:
+        """Once some requests were answered (the sidecar's estimate has learnt the tokenizer): one request sent
+        twice in a row by this client (a fast retry), and one prompt the sidecar estimates in the 32k class (its
+        length from the answered requests' tokens per character). The long prompt's status is returned."""
+        end = time.monotonic() + deadline_s
+        while len(self.tokens_per_char) < 2 * LOAD_WORKERS and time.monotonic() < end:
+            time.sleep(0.2)
+        body = {"model": self.model, "prompt": "a fast retry " + "hello " * 8, "max_tokens": 8, "temperature": 0}
+        self._count_sent()
+        self._send(body)
+        self._count_sent()
+        self._send(body)  # sent as the first was answered: well within serve.fast_retry_window_ms
+        self.fast_retries += 1
+        with self.lock:
+            per_char = sum(self.tokens_per_char) / len(self.tokens_per_char)
+        words = round(LONG_PROMPT_TOKENS / per_char / len("hello "))
+        self._count_sent()
+        self.long_prompts += 1
+        return self._send({"model": self.model, "prompt": "hello " * words, "max_tokens": 8, "stream": True})
 
 
 @pytest.fixture
@@ -273,6 +309,7 @@ def test_every_panel_query_returns_data(
         deadline = time.monotonic() + READY_DEADLINE_S
         problems: dict[str, str] = {}
         counted_until = time.monotonic() + MIN_LOAD_S
+        long_prompt_status = load.send_fast_retry_and_long_prompt()  # within the load's minimum time
         while (pending or time.monotonic() < counted_until) and time.monotonic() < deadline:
             time.sleep(3)
             problems = {}
@@ -285,7 +322,43 @@ def test_every_panel_query_returns_data(
     assert load.sent > 0
     assert problems == {}, (f"{problems}\nscrapes during the test: {_scrape_health(prometheus, start)}\n"
                             f"load: {load.sent} requests sent, {load.answered} answered in {time.time() - start:.0f} s")
+    assert long_prompt_status == 400, "the tiny model must refuse the 32k-class prompt as over its context"
+    table_problems = _slowest_table_problems(fake_nvml_sidecar, start)
     _panels_count_what_happened(prometheus, load, start, vllm_before, vllm_server)
+    assert table_problems == []
+
+
+def _open(url: str) -> tuple[int, Any]:
+    """The status and JSON body of a GET."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return int(response.status), json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return int(err.code), json.loads(err.read() or b"{}")
+
+
+def _slowest_table_problems(sidecar: servers.SidecarServer, start: float) -> list[str]:
+    """The SLO board built with this sidecar as dashboards.explain_base_url: its slowest-requests table's URL, with
+    Grafana's ${__from} as the test's start, answers rows holding every column the table selects, and each row's
+    trace-id link answers 200 with that request's explanation."""
+    config: DashboardConfig = from_mapping(DashboardConfig, {"explain_base_url": sidecar.base_url}, "dashboards")
+    panel = next(p for p in dashboards(config, RulesConfig())["inferwatch-slo.json"]["panels"]
+                 if p["title"] == "Slowest requests")
+    [target] = panel["targets"]
+    status, answer = _open(target["url"].replace(explain.BOARD_START, str(round(start * 1000))))
+    rows = answer.get(target["root_selector"]) or [] if status == 200 else []
+    if not rows:
+        return [f"{target['url']}: {status} {answer}"]
+    problems = [f"row {row.get('trace_id')} lacks {c['selector']}" for row in rows for c in target["columns"]
+                if c["selector"] not in row]
+    [link] = next(prop["value"] for o in panel["fieldConfig"]["overrides"] for prop in o["properties"]
+                  if prop["id"] == "links")
+    for row in rows:
+        status, explanation = _open(link["url"].replace(explain.TRACE_VALUE, str(row.get("trace_id"))))
+        if status != 200 or explanation.get("trace_id") != row.get("trace_id"):
+            problems.append(f"{row.get('trace_id')}: {status} {str(explanation)[:200]}")
+    print(f"slowest-requests table: {len(rows)} rows, each linked to its explanation")
+    return problems
 
 
 def _scrape_health(prometheus: servers.PrometheusServer, start: float) -> dict[str, str]:
@@ -339,17 +412,29 @@ def _panels_count_what_happened(
                  - sample_sum(vllm_before, cv.NUM_PREEMPTIONS.series))
     prompt, completion = q.tokens_per_second()
     sidecar_preemptions, vllm_preemptions = q.preemptions()
+    failed_32k, refused_32k = q.class_failures(CLASS_32K)
+    class_32k = Query(q.by("model_name", q.rate(request.REQUESTS, f'length_bucket="{CLASS_32K}"')))
     checks = {
         "requests": (_panel_total(prometheus, q.requests_by_outcome(), window), load.answered),
         "prompt tokens": (_panel_total(prometheus, prompt, window), load.prompt_tokens),
         "completion tokens": (_panel_total(prometheus, completion, window), load.completion_tokens),
         "preemptions (sidecar)": (_panel_total(prometheus, sidecar_preemptions, window), preempted),
         "preemptions (vLLM)": (_panel_total(prometheus, vllm_preemptions, window), preempted),
+        "fast retries": (_panel_total(prometheus, q.fast_retries(), window), load.fast_retries),
+        f"requests of the 32k class {CLASS_32K} (by the sidecar's estimate)": (
+            _panel_total(prometheus, class_32k, window), load.long_prompts),
     }
-    print({name: (round(panel, 1), truth) for name, (panel, truth) in checks.items()})
+    shares = {  # the class's one request was refused (400, over the context): all of it refused, none failed
+        "32k class refused share": (_panel_total(prometheus, refused_32k, window) / window, 1.0),
+        "32k class failed share": (_panel_total(prometheus, failed_32k, window) / window, 0.0),
+    }
+    print({name: (round(panel, 2), truth) for name, (panel, truth) in (checks | shares).items()})
     edges = 2 * 1.1 * 1.0 / (window - 2.2)  # rate() may extrapolate by 1.1 scrape intervals at each end
-    for name, (panel, truth) in checks.items():
-        assert panel == pytest.approx(truth, rel=edges, abs=0.5), (name, panel, truth, f"within {edges:.1%}")
+    wrong = {name: (panel, truth) for name, (panel, truth) in checks.items()
+             if panel != pytest.approx(truth, rel=edges, abs=0.5)}
+    wrong |= {name: (share, truth) for name, (share, truth) in shares.items()
+              if share != pytest.approx(truth, abs=1e-3)}
+    assert wrong == {}, f"panels against the truth (counts within {edges:.1%}): {wrong}"
 
 
 def test_preemption_panels_count_vllms_preemptions_where_it_preempts(
