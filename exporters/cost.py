@@ -91,8 +91,22 @@ def _price(prices: dict[str, float], model: str) -> float:
     return prices.get(model, prices.get(ANY_MODEL, 0.0))
 
 
+Rates = tuple[float, float, float]
+"""A model's price in a pool: per GPU-second, per token, and the pool's factor."""
+
+
+def price_rates(config: CostConfig, model: str, pool: str) -> Rates:
+    """The rates :func:`cost_at` applies to ``model`` in ``pool`` (the same for every request of that pair)."""
+    return (_price(config.gpu_hour_prices, model) / 3600.0, _price(config.million_token_prices, model) / 1e6,
+            config.pool_price_factors.get(pool, 1.0))
+
+
+def cost_at(rates: Rates, gpu_seconds: float, tokens: int) -> float:
+    """Cost of GPU-seconds and tokens at ``rates``."""
+    per_gpu_second, per_token, factor = rates
+    return (gpu_seconds * per_gpu_second + tokens * per_token) * factor
+
+
 def request_cost(config: CostConfig, model: str, pool: str, gpu_seconds: float, tokens: int) -> float:
     """Cost of GPU-seconds and tokens of ``model`` in ``pool``."""
-    per_gpu_second = _price(config.gpu_hour_prices, model) / 3600.0
-    per_token = _price(config.million_token_prices, model) / 1e6
-    return (gpu_seconds * per_gpu_second + tokens * per_token) * config.pool_price_factors.get(pool, 1.0)
+    return cost_at(price_rates(config, model, pool), gpu_seconds, tokens)

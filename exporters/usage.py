@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from exporters.catalog import usage as cat
 from exporters.catalog.request import INFERENCE_ROUTES
-from exporters.cost import CostConfig, cost_pool, request_cost
+from exporters.cost import CostConfig, Rates, cost_at, cost_pool, price_rates
 from exporters.gpu_seconds import ENGINE, TOKEN_ESTIMATE, BatchTimeline, engine_gpu_seconds, estimated_gpu_seconds
 from exporters.records import Outcome, RequestRecord
 from exporters.repeats import RepeatPrompts
@@ -55,6 +55,8 @@ class UsageAccounting(Collector):
         self._gpu: dict[tuple[str, str, str, str, str], float] = {}
         self._repeat_tokens: dict[tuple[str, str, str, str], int] = {}
         self._latency: dict[tuple[str, str], list[float]] = {}  # bucket counts (not cumulative), +Inf, sum
+        self._rates: dict[tuple[str, str], Rates] = {}
+        """Each (model, pool)'s price rates, worked out once (models bounded as the proxy bounds their labels)."""
 
     def observe(self, record: RequestRecord) -> None:
         """Account one finished request (inference routes only)."""
@@ -67,13 +69,13 @@ class UsageAccounting(Collector):
         with self._lock:
             if demoted:
                 self._forget(demoted)
-            key = (tenant, record.model, pool, record.outcome.value)
+            key = (tenant, record.model, pool, str(record.outcome))  # the StrEnum's value; str() is cheaper
             row = self._rows.get(key)
             if row is None:
                 self._rows[key] = row = Usage()
             row.add(usage)
             basis = TOKEN_ESTIMATE if usage.gpu_seconds_estimated else ENGINE
-            gpu_key = (*key, basis)
+            gpu_key = (tenant, record.model, pool, key[3], basis)
             self._gpu[gpu_key] = self._gpu.get(gpu_key, 0.0) + usage.gpu_seconds
             if usage.repeat_requests:
                 for kind, tokens in (("prompt", usage.prompt_tokens), ("completion", usage.completion_tokens)):
@@ -101,8 +103,11 @@ class UsageAccounting(Collector):
             saved_s = 0.0
         else:
             saved_s = 0.0
-        usage.cost = request_cost(cost, record.model, pool, usage.gpu_seconds, prompt + completion)
-        usage.prefix_cache_saved_cost = request_cost(cost, record.model, pool, saved_s, usage.cached_prompt_tokens)
+        rates = self._rates.get((record.model, pool))
+        if rates is None:
+            rates = self._rates[(record.model, pool)] = price_rates(cost, record.model, pool)
+        usage.cost = cost_at(rates, usage.gpu_seconds, prompt + completion)
+        usage.prefix_cache_saved_cost = cost_at(rates, saved_s, usage.cached_prompt_tokens)
         if record.repeat_key is not None and self.repeats.seen(record.repeat_key, end, record.outcome is Outcome.OK):
             usage.repeat_requests = 1
             usage.repeat_saved_tokens = prompt + completion
