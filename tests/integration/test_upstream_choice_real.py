@@ -12,13 +12,15 @@ import json
 import socket
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from exporters.catalog import engine as ce
 from exporters.catalog import vllm as cv
@@ -27,6 +29,7 @@ from tests.conftest import engine_stats_address, require
 from tests.harness import servers
 from tests.harness.exposition import sample_sum
 from tests.harness.waiting import wait_for
+from tests.unit.deploy.test_extra_upstream_examples import COMPOSE_PROMETHEUS, uncommented
 
 pytestmark = pytest.mark.real_server
 
@@ -149,12 +152,29 @@ def _exposition(url: str) -> str:
         return str(response.read().decode())
 
 
+def _upstreams_job(sidecar: servers.SidecarServer) -> str:
+    """The compose stack's commented extra-upstream job, taken in and pointed at ``sidecar``, alone."""
+    shipped = yaml.safe_load(uncommented(COMPOSE_PROMETHEUS.read_text()))
+    job = next(j for j in shipped["scrape_configs"] if j["job_name"] == "inferwatch-upstreams")
+    for relabel in job["relabel_configs"]:
+        if relabel.get("target_label") == "__address__":
+            relabel["replacement"] = f"127.0.0.1:{sidecar.port}"
+    return yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]})
+
+
+def _prometheus_value(prometheus: servers.PrometheusServer, expr: str) -> list[float]:
+    query = urllib.parse.urlencode({"query": expr})
+    return sorted(float(r["value"][1]) for r in _get(f"{prometheus.base_url}/api/v1/query?{query}")["data"]["result"])
+
+
 def test_the_sidecar_scrapes_each_engine_and_serves_the_long_lanes_apart(
     lane: tuple[servers.SidecarServer, Path], vllm_server: servers.VllmServer,
-    second_vllm_server: servers.VllmServer,
+    second_vllm_server: servers.VllmServer, prometheus_factory: Callable[[str], servers.PrometheusServer],
 ) -> None:
     """At a quiet moment, /metrics/upstream?name=long holds the second vLLM's generated-token count as its own
-    /metrics says it, and the sidecar's /metrics the first vLLM's; the two counts differ."""
+    /metrics says it, and the sidecar's /metrics the first vLLM's; the two counts differ. A real Prometheus
+    running the shipped multi-target job stores the long lane's count under upstream_name="long", and finds no
+    canary here (404: target down)."""
     sidecar, _logs = lane
     for prompt, tokens in ((LONG_PROMPT, 3), (SHORT_PROMPT, 5)):  # each engine generates something of its own
         assert _post(sidecar.base_url, {"prompt": prompt, "max_tokens": tokens, "ignore_eos": True})[0] == 200
@@ -172,6 +192,15 @@ def test_the_sidecar_scrapes_each_engine_and_serves_the_long_lanes_apart(
     long_text = _exposition(long_url)
     assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=second_vllm_server.base_url) == 1.0
     assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=vllm_server.base_url) == 0.0
+    prometheus = prometheus_factory(_upstreams_job(sidecar))
+    stored = f'{ours}{{job="inferwatch-upstreams", upstream_name="long", model_name="{MODEL}"}}'
+    wait_for(lambda: _prometheus_value(prometheus, stored) == [found["second"][0]], "Prometheus's scrape",
+             lambda: _prometheus_value(prometheus, stored))
+
+    def targets_up() -> dict[str, list[float]]:  # each target is scraped at its own offset in the interval
+        return {name: _prometheus_value(prometheus, f'up{{upstream_name="{name}"}}') for name in ("long", "canary")}
+
+    wait_for(lambda: targets_up() == {"long": [1.0], "canary": [0.0]}, "both targets scraped", targets_up)
 
 
 def test_long_prompts_go_to_the_main_upstream_while_the_lane_is_down(
