@@ -4,6 +4,7 @@ in the built app against in-process fake upstreams serving captured real exposit
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -11,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.catalog import engine as ce
-from serving.app import build_app
+from serving.app import build_app, build_secondary_app
 from serving.config import defaults, replace
 from tests.fakes.openai_upstream import FakeOpenAI
 from tests.harness.exposition import sample_sum
@@ -171,3 +173,28 @@ async def test_nothing_is_scraped_while_scraping_is_off(
     assert response.status == 404
     assert "scrape.enabled is false" in orjson.loads(await response.read())["error"]["message"]
     assert fake.health_checks >= 1  # the lane is still probed for readiness: only its /metrics is left alone
+
+
+async def test_a_secondary_worker_answers_from_the_primary(aiohttp_client: Any, tmp_path: Path) -> None:
+    """With ``serve --workers N`` a secondary process asks the primary (which scrapes) for /metrics/upstream, with
+    the query."""
+    asked: list[str] = []
+
+    async def primary_answer(request: web.Request) -> web.Response:
+        asked.append(request.path_qs)
+        return web.Response(text="the primary's exposition")
+
+    primary = web.Application()
+    primary.router.add_get(PATH, primary_answer)
+    runner = web.AppRunner(primary)
+    await runner.setup()
+    socket_path = str(tmp_path / "primary.sock")
+    await web.UnixSite(runner, socket_path).start()
+    try:
+        settings = _settings("http://127.0.0.1:9", tmp_path, long_prompt_upstream="http://127.0.0.1:9")
+        client = await aiohttp_client(build_secondary_app(settings, socket_path, 1, os.getppid()))
+        response = await client.get(f"{PATH}?name=long")
+        assert (response.status, await response.text()) == (200, "the primary's exposition")
+        assert asked == [f"{PATH}?name=long"]
+    finally:
+        await runner.cleanup()
