@@ -31,7 +31,8 @@ def _relabelled_name(relabels: list[dict[str, Any]], source: str, target: str) -
 
 def test_the_compose_example_sends_each_name_to_the_sidecar_and_labels_it() -> None:
     """The compose job scrapes /metrics/upstream on the sidecar, one target per name as ``name``, and labels the
-    series upstream_name from ``__param_name``; commented out, the shipped config has no such job."""
+    series upstream_name from ``__param_name`` and an instance of their own (the rules aggregate the engine series
+    by model_name and instance); commented out, the shipped config has no such job."""
     jobs = {job["job_name"]: job for job in yaml.safe_load(uncommented(COMPOSE_PROMETHEUS.read_text()))
             ["scrape_configs"]}
     shipped = {job["job_name"] for job in yaml.safe_load(COMPOSE_PROMETHEUS.read_text())["scrape_configs"]}
@@ -43,6 +44,7 @@ def test_the_compose_example_sends_each_name_to_the_sidecar_and_labels_it() -> N
     assert {"source_labels": ["__address__"], "target_label": "__param_name"} in relabels
     assert _relabelled_name(relabels, "source_labels", "target_label")
     assert {"target_label": "__address__", "replacement": "sidecar:9100"} in relabels
+    assert {"source_labels": ["__param_name"], "target_label": "instance", "replacement": "sidecar:9100/$1"} in relabels
 
 
 def test_the_pod_monitor_example_validates_and_labels_the_name() -> None:
@@ -55,3 +57,5 @@ def test_the_pod_monitor_example_validates_and_labels_the_name() -> None:
     assert (example["path"], example["params"], example["port"]) == (EXTRA_METRICS_PATH, {"name": ["long"]},
                                                                      shipped["port"])
     assert _relabelled_name(example["relabelings"], "sourceLabels", "targetLabel")
+    assert {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name", "__param_name"], "separator": "/",
+            "targetLabel": "instance"} in example["relabelings"]
