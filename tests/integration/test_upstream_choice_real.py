@@ -157,8 +157,8 @@ def _upstreams_job(sidecar: servers.SidecarServer) -> str:
     shipped = yaml.safe_load(uncommented(COMPOSE_PROMETHEUS.read_text()))
     job = next(j for j in shipped["scrape_configs"] if j["job_name"] == "inferwatch-upstreams")
     for relabel in job["relabel_configs"]:
-        if relabel.get("target_label") == "__address__":
-            relabel["replacement"] = f"127.0.0.1:{sidecar.port}"
+        if relabel.get("target_label") in ("__address__", "instance"):
+            relabel["replacement"] = relabel["replacement"].replace("sidecar:9100", f"127.0.0.1:{sidecar.port}")
     return yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [job]})
 
 
@@ -193,7 +193,8 @@ def test_the_sidecar_scrapes_each_engine_and_serves_the_long_lanes_apart(
     assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=second_vllm_server.base_url) == 1.0
     assert sample_sum(long_text, ce.SCRAPE_UP.series, upstream=vllm_server.base_url) == 0.0
     prometheus = prometheus_factory(_upstreams_job(sidecar))
-    stored = f'{ours}{{job="inferwatch-upstreams", upstream_name="long", model_name="{MODEL}"}}'
+    stored = (f'{ours}{{job="inferwatch-upstreams", upstream_name="long", model_name="{MODEL}", '
+              f'instance="127.0.0.1:{sidecar.port}/long"}}')  # an instance of its own: rules aggregate by it
     wait_for(lambda: _prometheus_value(prometheus, stored) == [found["second"][0]], "Prometheus's scrape",
              lambda: _prometheus_value(prometheus, stored))
 
