@@ -242,6 +242,7 @@ def build_app(settings: Settings, registry: CollectorRegistry | None = None) -> 
         settings.rule_engine, lambda: rule_groups(settings.rules, tuple(settings.serve.length_bucket_edges)),
         registry, latest_vllm_text=lambda: app[ENGINE_WATCH].live_text() if ENGINE_WATCH in app else None,
         interval_s=settings.rules.evaluation_interval_s, annotate=with_slowest_request(ring),
+        extra_sources=extras.store_sources(),  # the long lane's, canary's and shadow's engines, labelled
     ))
     if settings.serve.showback_schedule:
         app.cleanup_ctx.append(showback_schedule_ctx(settings.serve, settings.cost.currency, usage.ledger))

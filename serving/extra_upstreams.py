@@ -15,7 +15,7 @@ readiness probe (serving/upstream_choice.py's, every ``serve.readiness_interval_
 told by its own families (vLLM, SGLang or llama.cpp), whatever ``serve.engine`` says of the main upstream;
 an Ollama upstream has no /metrics, so its scrape fails (``http_status``). Two names on one URL share one scrape.
 Nothing of this touches the request path. With ``scrape.enabled`` false, nothing is scraped and every name is
-unknown.
+unknown. The embedded rule engine's store ingests each name's families too (:meth:`ExtraUpstreams.store_sources`).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from serving.upstream_choice import UpstreamChoice
 from serving.upstream_scrape import UpstreamScrape
 
 EXTRA_METRICS_PATH = "/metrics/upstream"
+UPSTREAM_NAME_LABEL = "upstream_name"
+"""The label naming the extra upstream, added by the scrape job (from ``__param_name``) and by the rule engine."""
 
 
 def extra_targets(choice: UpstreamChoice) -> dict[str, str]:
@@ -65,6 +67,13 @@ class ExtraUpstreams:
                 registry.register(scrape.collector())
             self._registries[name] = by_url[url]
         self._serve = {name: metrics_handler(registry) for name, registry in self._registries.items()}
+
+    def store_sources(self) -> dict[str, tuple[CollectorRegistry, dict[str, str]]]:
+        """For the embedded rule engine's store: each name's registry with the labels its samples get there
+        (``upstream_name`` and an ``instance`` of their own, as the shipped scrape jobs label them: the rules
+        aggregate the engine series by model_name and instance)."""
+        return {f"upstream:{name}": (registry, {UPSTREAM_NAME_LABEL: name, "instance": name})
+                for name, registry in self._registries.items()}
 
     @property
     def names(self) -> tuple[str, ...]:

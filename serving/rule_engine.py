@@ -1,10 +1,11 @@
 """The sidecar's embedded rule engine: ingest scrapes into the store, evaluate, notify.
 
 Every ``rules.evaluation_interval_s`` (apscheduler; the interval the rule files carry) one
-cycle runs in a worker thread: samples from the sidecar's own registry and from the latest raw
-vLLM exposition are appended at the current time (series that vanished get a stale marker, as
-Prometheus writes them), due groups are evaluated, and alerts are posted to Alertmanager's API
-v2, a webhook and/or stdout. Errors are logged and counted; they never stop the sidecar.
+cycle runs in a worker thread: samples from the sidecar's own registry, from the extra upstreams'
+registries (labelled with their name) and from the latest raw vLLM exposition are appended at the
+current time (series that vanished get a stale marker, as Prometheus writes them), due groups are
+evaluated, and alerts are posted to Alertmanager's API v2, a webhook and/or stdout. Errors are
+logged and counted; they never stop the sidecar.
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ class _Metrics:
                                s.RULE_DROPPED_SAMPLES.labels, registry=registry)
 
 
-def _registry_samples(registry: CollectorRegistry) -> list[tuple[Labels, float]]:
+def _registry_samples(
+    registry: CollectorRegistry, extra: Mapping[str, str] | None = None,
+) -> list[tuple[Labels, float]]:
     out = []
     for family in registry.collect():
         for sample in family.samples:
             if sample.name.endswith("_created"):
                 continue
-            out.append((labels_of({**sample.labels, NAME: sample.name}), float(sample.value)))
+            out.append((labels_of({**sample.labels, **(extra or {}), NAME: sample.name}), float(sample.value)))
     return out
 
 
@@ -84,8 +87,12 @@ class RuleRunner:
                  latest_vllm_text: Callable[[], str | None] | None = None,
                  post: Callable[[str, bytes], None] | None = None,
                  metrics_registry: CollectorRegistry | None = None, interval_s: float = 15.0,
-                 annotate: Callable[[notify.Notification], notify.Notification] | None = None) -> None:
+                 annotate: Callable[[notify.Notification], notify.Notification] | None = None,
+                 extra_sources: Mapping[str, tuple[CollectorRegistry, Mapping[str, str]]] | None = None) -> None:
         self.config = config
+        self.extra_sources = extra_sources or {}
+        """More registries, by source name, whose samples are ingested with labels of their own (the extra
+        upstreams' engines, serving/extra_upstreams.py)."""
         self.annotate = annotate
         """Adds what only the sidecar knows to an alert about to be sent (the slowest request's trace id)."""
         self.registry = registry
@@ -139,6 +146,8 @@ class RuleRunner:
         """Append the current samples of every source at ``now_ms``."""
         if self.registry is not None:
             self._ingest_source("sidecar", _registry_samples(self.registry), now_ms)
+        for source, (registry, labels) in self.extra_sources.items():
+            self._ingest_source(source, _registry_samples(registry, labels), now_ms)
         if self.latest_vllm_text is not None:
             text = self.latest_vllm_text()
             if not text:  # none yet, or vLLM's series went stale (engine down): they end here, not freeze
@@ -234,6 +243,7 @@ def rule_engine_ctx(
     *,
     interval_s: float = 15.0,
     annotate: Callable[[notify.Notification], notify.Notification] | None = None,
+    extra_sources: Mapping[str, tuple[CollectorRegistry, Mapping[str, str]]] | None = None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """An aiohttp ``cleanup_ctx`` factory running the engine every ``interval_s`` (the rules' interval)."""
 
@@ -255,7 +265,7 @@ def rule_engine_ctx(
 
         try:
             runner = RuleRunner(config, rule_groups(), registry, latest_vllm_text, post, registry, interval_s,
-                                annotate)
+                                annotate, extra_sources)
         except Exception:
             log.exception("rule engine: cannot start; alerts will not be evaluated in the sidecar")
             await session.close()

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
@@ -198,3 +199,29 @@ async def test_a_secondary_worker_answers_from_the_primary(aiohttp_client: Any, 
         assert asked == [f"{PATH}?name=long"]
     finally:
         await runner.cleanup()
+
+
+async def test_the_rule_engine_evaluates_each_extra_upstream_apart_and_sees_it_end(aiohttp_server: Any) -> None:
+    """The embedded store ingests the long lane's families labelled upstream_name and instance: a rule on KV usage
+    fires for it apart from the main engine (which has no series here), and once the lane loses readiness its
+    series end and the alert with them."""
+    from alert_rules.engine_config import EngineConfig
+    from serving.extra_upstreams import ExtraUpstreams
+    from serving.rule_engine import RuleRunner
+
+    long, _ = await _fake(aiohttp_server, LONG_TEXT)
+    lost = {"now": False}
+    async with aiohttp.ClientSession() as session:
+        extras = ExtraUpstreams({"long": long}, defaults().scrape, lambda: session, lambda _url: lost["now"])
+        await extras.scrapes[long].scrape_once()
+        rules = {"groups": [{"name": "kv", "interval": "1s", "rules": [
+            {"alert": "KvUsed", "expr": f"{ce.KV_USAGE.series} >= 0"}]}]}
+        runner = RuleRunner(EngineConfig(), rules, interval_s=1.0, extra_sources=extras.store_sources())
+        t0 = 1_700_000_000_000
+        runner.step(t0)
+        firing = {(a["upstream_name"], a["instance"], a["model_name"]) for a in runner.firing.get("KvUsed", ())}
+        lost["now"] = True
+        runner.step(t0 + 1_000)
+    assert firing == {("long", "long", "qwen-7b")}
+    assert not runner.firing.get("KvUsed")
+    assert runner.store.instant(ce.KV_USAGE.series, [], t0 + 1_000, 300_000) == []
