@@ -194,9 +194,14 @@ def test_errors_of_both_processes_are_in_one_archive_after_shutdown(
     finally:
         sidecar.stop()  # SIGTERM: the secondary sends what it holds before the primary closes the archive
     assert psutil.wait_procs([secondary], timeout=5)[0], "the secondary outlived the stop"
-    for trace_id in trace_ids:
-        found = subprocess.run([sys.executable, "-m", "serving.cli", "logs", "search", "--trace-id", trace_id,
-                                "--dir", str(tmp_path / "logs")], capture_output=True, text=True, check=False)
+
+    def search(trace_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "serving.cli", "logs", "search", "--trace-id", trace_id,
+                               "--dir", str(tmp_path / "logs")], capture_output=True, text=True, check=False)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # 24 searches, a CLI process each: both cores busy
+        searches = list(pool.map(search, trace_ids))
+    for trace_id, found in zip(trace_ids, searches, strict=True):
         assert found.returncode == 0, (trace_id, found.stderr)
         assert trace_id in found.stdout
 
