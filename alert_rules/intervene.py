@@ -56,7 +56,7 @@ from exporters.catalog.pipeline import LOG_RECORDS_DROPPED, LOG_RECORDS_LOST
 from exporters.catalog.process import PROCESS_OOM_EVENTS, PROCESS_RESIDENT_MEMORY
 from exporters.catalog.request import E2E_LATENCY_SECONDS, REQUESTS, UPSTREAM_READY
 from exporters.errors import ConfigError
-from exporters.records import CONTEXT_32K_TOKENS, length_bucket, length_bucket_labels, long_length_buckets
+from exporters.records import context_32k_bucket, length_bucket_labels, long_length_buckets
 
 DEGRADE_ALERT = "InferwatchCircuitBreakerDegrade"
 """The circuit breaker's first level; the sidecar's load shedding watches it by this name."""
@@ -506,12 +506,6 @@ def long_context(config: RulesConfig, edges: tuple[int, ...]) -> list[AlertRule]
         scenario=_long_context_scenario,
         annotations=context(MODEL_SCOPE),
     )]
-
-
-def context_32k_bucket(edges: tuple[int, ...]) -> str:
-    """The length class InferwatchContext32kFailures watches: the one a 32,000-token prompt lands in (the SLO
-    board's 32k panel draws the same class)."""
-    return length_bucket(CONTEXT_32K_TOKENS, edges)
 
 
 def _context_32k_scenario(c: RulesConfig, _alert: AlertRule, edges: tuple[int, ...]) -> Scenario:
@@ -966,4 +960,4 @@ def rule_groups(config: RulesConfig, edges: tuple[int, ...], extra: tuple[Builde
     return (RuleGroup("inferwatch-intervene", alerts, config.evaluation_interval_s, file="intervene"),)
 
 
-__all__ = ["BUILDERS", "Builder", "context_32k_bucket", "rule_groups"]
+__all__ = ["BUILDERS", "Builder", "rule_groups"]

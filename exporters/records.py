@@ -63,6 +63,12 @@ def length_bucket(prompt_tokens: int | None, edges: tuple[int, ...] = DEFAULT_LE
     return length_bucket_labels(edges)[bisect.bisect_left(edges, prompt_tokens)]
 
 
+def context_32k_bucket(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES) -> str:
+    """The length class a 32,000-token prompt lands in: the one InferwatchContext32kFailures watches and the SLO
+    board's 32k panel draws."""
+    return length_bucket(CONTEXT_32K_TOKENS, edges)
+
+
 def long_length_buckets(edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES, above: int = 4096) -> tuple[str, ...]:
     """Labels of the buckets whose prompts are all longer than ``above`` tokens (exactly the prompts of more
     than ``above`` tokens when ``above`` is an edge)."""

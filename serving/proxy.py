@@ -686,8 +686,8 @@ class Proxy:
     def _finish(self, record: RequestRecord, span: Span) -> None:
         """Derive the length bucket, run the observers (never let one fail the request), end the span."""
         known = record.prompt_tokens
-        if known is None and record.stream and record.ttft_s is not None:
-            known = record.prompt_tokens_estimate  # a stream cut before its usage chunk: the bucket is coarse
+        if known is None:  # no usage: failed, refused or cut before it; classed by the sidecar's estimate
+            known = record.prompt_tokens_estimate  # (a 32k prompt that times out in prefill is still 32k)
         record.length_bucket = "unknown" if known is None else self._bucket_labels[bisect_left(self._edges, known)]
         if record.prompt_tokens and record.prompt_chars and not self._exact_usage:
             self._prompt_sizes.learn(record.model, record.prompt_chars, record.prompt_tokens)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from grafanalib import core
 
 from alert_rules.config import RulesConfig
-from alert_rules.intervene import context_32k_bucket
 from alert_rules.spec import duration
 from alert_rules.windows import WINDOW_PAIRS
 from dashboards import explain
@@ -14,6 +13,7 @@ from dashboards.board import dashboard
 from dashboards.config import DashboardConfig
 from dashboards.panels import Item, Row, slowest_requests, stat, table, timeseries
 from exporters.catalog import request
+from exporters.records import context_32k_bucket
 
 TITLE = "LLM serving — SLOs and traffic"
 

@@ -32,7 +32,6 @@ import pytest
 
 from alert_rules.build import outputs as rule_outputs
 from alert_rules.config import RulesConfig
-from alert_rules.intervene import context_32k_bucket
 from dashboards import explain
 from dashboards import queries as q
 from dashboards.build import dashboards
@@ -41,7 +40,7 @@ from dashboards.queries import Query
 from exporters.catalog import engine, request
 from exporters.catalog import vllm as cv
 from exporters.configuring import from_mapping
-from exporters.records import DEFAULT_LENGTH_EDGES
+from exporters.records import DEFAULT_LENGTH_EDGES, context_32k_bucket
 from tests.conftest import engine_stats_address, require
 from tests.harness import servers
 from tests.harness.exposition import sample_sum

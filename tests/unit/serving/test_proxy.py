@@ -141,7 +141,7 @@ async def test_upstream_error_statuses_are_classified(setup: Any, model: str, st
     assert response.status == status
     assert response.headers["x-trace-id"]
     assert _sample(registry, "inferwatch_requests_total", model_name="other", route="/v1/completions",
-                   outcome=outcome, length_bucket="unknown") == 1
+                   outcome=outcome, length_bucket="le512") == 1
 
 
 async def test_stalled_upstream_is_a_timeout(setup: Any) -> None:
@@ -151,7 +151,18 @@ async def test_stalled_upstream_is_a_timeout(setup: Any) -> None:
     assert response.status == 504
     assert (await response.json())["error"]["type"] == "upstream_timeout"
     assert _sample(registry, "inferwatch_requests_total", model_name="other", route="/v1/completions",
-                   outcome="timeout", length_bucket="unknown") == 1
+                   outcome="timeout", length_bucket="le512") == 1
+
+
+async def test_a_long_prompt_that_fails_before_its_usage_keeps_its_class(setup: Any) -> None:
+    """A request that fails before vLLM's usage (here: times out) is classed by the sidecar's estimate of its prompt,
+    not ``unknown``: a 32k prompt that times out in prefill, the typical 32k failure, counts in the 32k class."""
+    client, registry, _ = setup
+    prompt = "word " * 20_000  # 100,000 characters: about 25,000 tokens at four characters a token
+    response = await client.post("/v1/completions", json={"model": "stall", "prompt": prompt})
+    assert response.status == 504
+    assert _sample(registry, "inferwatch_requests_total", model_name="other", route="/v1/completions",
+                   outcome="timeout", length_bucket="16k-32k") == 1
 
 
 async def test_broken_stream_is_an_upstream_error(setup: Any) -> None:
@@ -177,7 +188,7 @@ async def test_upstream_down_is_a_502_naming_it(aiohttp_client: Clients) -> None
     assert "unreachable" in body["error"]["message"]
     assert response.headers["x-trace-id"] == body["error"]["trace_id"]
     assert _sample(registry, "inferwatch_requests_total", model_name="other", route="/v1/completions",
-                   outcome="upstream_error", length_bucket="unknown") == 1
+                   outcome="upstream_error", length_bucket="le512") == 1
     ready = await client.get("/readyz")
     assert ready.status == 503
 
