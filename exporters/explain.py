@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +124,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _stalls(gaps: list[float]) -> tuple[tuple[float, int], ...]:
+def _stalls(gaps: Sequence[float]) -> tuple[tuple[float, int], ...]:
     """The :data:`STALLS_KEPT` largest of ``gaps`` (seconds), largest first (the earlier of equal ones first), as
     ``(ms, content chunks before it)``: gap ``i`` follows chunk ``i``, so ``i + 1`` chunks came before it."""
     largest = heapq.nsmallest(STALLS_KEPT, range(len(gaps)), key=lambda i: (-gaps[i], i))

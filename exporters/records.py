@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import enum
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exporters.engine_stats_wire import EngineRequestStats
@@ -112,7 +113,9 @@ class RequestRecord:
     """Time spent opening a new upstream connection for it (0 on a reused one)."""
     ttft_s: float | None = None
     e2e_s: float | None = None
-    inter_token_s: list[float] = field(default_factory=list)
+    inter_token_s: Sequence[float] = field(default_factory=list)
+    """Seconds between content chunks: an ``array('d')`` from the proxy (compact while the explain ring keeps it),
+    a list from a secondary worker's wire or a test."""
     finish_reason: str | None = None
     response_model: str | None = None
     error_type: str | None = None

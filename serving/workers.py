@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -76,6 +77,13 @@ _RECORD_FIELDS = frozenset(f.name for f in fields(RequestRecord))
 def shares(max_inflight: int, workers: int) -> int:
     """Each process's part of ``serve.max_inflight`` (rounded up, at least one)."""
     return max(1, math.ceil(max_inflight / workers))
+
+
+def _wire_default(value: object) -> object:
+    """What orjson cannot write itself: a record's gaps between tokens (``array('d')``) as a list."""
+    if isinstance(value, array):
+        return value.tolist()
+    raise TypeError(f"cannot send {type(value).__name__} to the primary")
 
 
 def record_from_wire(data: dict[str, Any]) -> RequestRecord:
@@ -151,7 +159,7 @@ class RecordForwarder:
         batch = self._pending[:MAX_BATCH]
         inflight = [[e.model, e.tokens, e.started_ns, e.generating] for e in self._inflight.local_snapshot()]
         body = orjson.dumps({"worker": self._worker, "records": batch, "inflight": inflight,
-                             "in_flight_requests": self._requests.local_counts()})
+                             "in_flight_requests": self._requests.local_counts()}, default=_wire_default)
         try:
             async with self._link.session().post(f"http://primary{RECORDS_PATH}", data=body,
                                           headers={"Content-Type": "application/json"},

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -100,8 +102,9 @@ async def test_records_and_in_flight_table_reach_the_primary(primary: _Primary) 
     link = PrimaryLink(primary.path)
     forwarder = RecordForwarder(link, 3, inflight, requests)
     span: Span = None  # type: ignore[assignment]
-    for i in range(3):
-        forwarder.observe(_record(i), span)
+    for i in range(3):  # the gaps between tokens as the proxy keeps them: one array of doubles
+        record = _record(i)
+        forwarder.observe(dataclasses.replace(record, inter_token_s=array("d", record.inter_token_s)), span)
     assert await forwarder.flush()
     assert primary.finished == [_record(i) for i in range(3)]
     assert [e.tokens for e in primary.inflight.snapshot()] == [42]
