@@ -5,7 +5,7 @@ request's record as the proxy finished it. This times the observer the app runs 
 (``observe_for_explain``: the call, a deque append, a dict store and, on a full ring, forgetting
 the oldest), on a full ring of the default 10,000 entries, and measures with tracemalloc what the
 ring holds per entry: the record it keeps alive (trace and span ids, the model and route, its
-engine numbers from the plugin, its list of gaps between tokens, one float each) and the ring's own
+engine numbers from the plugin, its gaps between tokens, one double each in an array) and the ring's own
 slot and index entry, for a non-streamed answer and for streams of 100 and 1,000 tokens.
 
     .venv/bin/python benchmarks/explain_ring.py [--calls 200000] [--rounds 7] [--write]
@@ -21,6 +21,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from array import array
 from pathlib import Path
 
 from opentelemetry.trace import INVALID_SPAN, Span
@@ -46,7 +47,8 @@ def record(tokens: int) -> RequestRecord:
         trace_id=trace_id, span_id=secrets.token_hex(8), route="/v1/chat/completions", model="tiny-llm",
         stream=tokens > 0, upstream="http://127.0.0.1:8000", http_status=200, outcome=Outcome.OK,
         length_bucket="le512", prompt_tokens=130, completion_tokens=max(tokens, 16), accept_s=rnd(),
-        upstream_sent_s=rnd(), connect_s=0.0, ttft_s=rnd(), e2e_s=rnd(), inter_token_s=[rnd() for _ in range(tokens)],
+        upstream_sent_s=rnd(), connect_s=0.0, ttft_s=rnd(), e2e_s=rnd(),
+        inter_token_s=array("d", [rnd() for _ in range(tokens)]),
         finish_reason="length", response_model="tiny-llm", start_unix=time.time() + rnd(),
         prompt_tokens_estimate=128, client_wait_s=0.0,
         engine=EngineRequestStats(f"chatcmpl-{trace_id}-0-1a2b3c4d", rnd(), rnd(), rnd(), rnd(), rnd(), 0, 32,
@@ -119,8 +121,8 @@ def main() -> None:
         kind = "non-streamed" if tokens == 0 else f"stream of {tokens:,} tokens"
         lines.append(f"| {kind} | {size:,.0f} | {size * RING_SIZE / 2**20:,.1f} MiB |")
     lines += ["", "An entry is the request's record the proxy built anyway, kept alive: its gaps between tokens "
-              "(one float each, about 32 bytes a token) dominate for long streams; `serve.explain_ring_size` "
-              "bounds the total."]
+              "(one double each in an array, 8 bytes a token, as serving/proxy.py keeps them) dominate for long "
+              "streams; `serve.explain_ring_size` bounds the total."]
     publish("Explain: the ring of recent requests", "\n".join(lines), args.write)
 
 
