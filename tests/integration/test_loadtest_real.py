@@ -165,8 +165,10 @@ def test_a_cold_start_is_measured_on_a_real_restart(vllm_server: servers.VllmSer
         await asyncio.to_thread(vllm_server.restart)
 
     async def run() -> Any:
-        # The restart at 4 s takes 20-30 s here: most runs send requests to the new engine too.
-        base = LoadSpec(url=vllm_server.base_url, model=MODEL, duration_s=28.0, concurrency=2, max_tokens=8,
+        # The restart at 4 s takes 20-30 s here: most runs send requests to the new engine too. 64 tokens a
+        # request: an 8-token one could finish in the few steps vLLM's engine still takes after the SIGTERM, and
+        # then no request was running when it stopped (seen once in a CI run).
+        base = LoadSpec(url=vllm_server.base_url, model=MODEL, duration_s=28.0, concurrency=2, max_tokens=64,
                         ignore_eos=True, timeout_s=30.0)
         plan, _ = await prepare(LoadOptions(base=base), say=lambda _: None)
         probe = Probe(vllm_server.base_url + "/health", vllm_server.base_url + "/v1/completions", MODEL)
